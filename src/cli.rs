@@ -1,0 +1,309 @@
+//! Command-line flags: the whole configuration (there is deliberately no config file, so the
+//! fallback shares no configuration with the LocalDNS it stands in for).
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use crate::wire;
+
+pub const USAGE: &str = "\
+localdns-fallback: the DNS forwarder of last resort for an AKS node whose LocalDNS has failed.
+
+USAGE:
+    localdns-fallback [FLAGS]
+
+Serves the node listener (--node-listen) and the cluster listener (--cluster-listen) over UDP and
+TCP. The cluster listener relays every name to the kube-dns servers; the node listener relays
+names under --cluster-domain to the kube-dns servers and every other name to the VNet DNS servers.
+
+FLAGS:
+    --node-listen ADDR          node listener [default: 169.254.10.10:53]
+    --cluster-listen ADDR       cluster listener [default: 169.254.10.11:53]
+    --node-upstream ADDR        a VNet DNS server; repeat for several (IP, IP:PORT or [IPv6]:PORT)
+    --cluster-upstream ADDR     a kube-dns server; repeat for several
+    --cluster-domain NAME       names under it on the node listener go to kube-dns [default: cluster.local]
+    --upstream-timeout DUR      budget for one try at one upstream [default: 1s]
+    --query-timeout DUR         budget for a whole query; SERVFAIL after it [default: 2500ms]
+    --max-inflight N            UDP queries in flight per listener; above it: REFUSED [default: 4096]
+    --max-tcp-connections N     TCP client connections per listener [default: 256]
+    --tcp-idle-timeout DUR      close a TCP client that sends no full query for this long [default: 10s]
+    --upstream-sockets N        UDP sockets (random source ports) per listener and family [default: 8]
+    --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
+    --log-level LEVEL           error, warn, info, debug or trace [default: info]
+    -h, --help                  print this help
+    -V, --version               print the version
+
+DUR is a number with a unit: 500ms, 2s, 1m.";
+
+/// Everything the daemon needs to run, checked.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub node_listen: SocketAddr,
+    pub cluster_listen: SocketAddr,
+    pub node_upstreams: Vec<SocketAddr>,
+    pub cluster_upstreams: Vec<SocketAddr>,
+    /// Display form, for logs.
+    pub cluster_domain: String,
+    /// Lower-case wire form, for matching.
+    pub cluster_domain_wire: Vec<u8>,
+    pub upstream_timeout: Duration,
+    pub query_timeout: Duration,
+    pub max_inflight: usize,
+    pub max_tcp_connections: usize,
+    pub tcp_idle_timeout: Duration,
+    pub upstream_sockets: usize,
+    pub bind_timeout: Duration,
+    pub log_level: tracing::Level,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            node_listen: SocketAddr::from(([169, 254, 10, 10], 53)),
+            cluster_listen: SocketAddr::from(([169, 254, 10, 11], 53)),
+            node_upstreams: Vec::new(),
+            cluster_upstreams: Vec::new(),
+            cluster_domain: "cluster.local".into(),
+            cluster_domain_wire: b"\x07cluster\x05local\x00".to_vec(),
+            // Well below a stub's 5 s timeout so one dead server costs a client one second, not
+            // its whole attempt (CONTEXT §5).
+            upstream_timeout: Duration::from_secs(1),
+            // Under Node Problem Detector's 3 s probe timeout, so its probe sees SERVFAIL, not silence.
+            query_timeout: Duration::from_millis(2500),
+            max_inflight: 4096,
+            max_tcp_connections: 256,
+            tcp_idle_timeout: Duration::from_secs(10),
+            upstream_sockets: 8,
+            bind_timeout: Duration::from_secs(10),
+            log_level: tracing::Level::INFO,
+        }
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Command {
+    Run(Box<Config>),
+    Help,
+    Version,
+}
+
+/// Parses the arguments after the program name. Errors are one sentence naming the bad value.
+pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String> {
+    let mut config = Config::default();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "-V" | "--version" => return Ok(Command::Version),
+            _ => {}
+        }
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--node-listen" => config.node_listen = parse_addr(&flag, &value()?)?,
+            "--cluster-listen" => config.cluster_listen = parse_addr(&flag, &value()?)?,
+            "--node-upstream" => config.node_upstreams.push(parse_addr(&flag, &value()?)?),
+            "--cluster-upstream" => config.cluster_upstreams.push(parse_addr(&flag, &value()?)?),
+            "--cluster-domain" => {
+                let name = value()?;
+                config.cluster_domain_wire =
+                    wire::encode_name(&name).map_err(|e| format!("--cluster-domain: {e}"))?;
+                config.cluster_domain = name.trim_end_matches('.').to_ascii_lowercase();
+            }
+            "--upstream-timeout" => config.upstream_timeout = parse_duration(&flag, &value()?)?,
+            "--query-timeout" => config.query_timeout = parse_duration(&flag, &value()?)?,
+            "--max-inflight" => config.max_inflight = parse_count(&flag, &value()?, 1, 1 << 20)?,
+            "--max-tcp-connections" => {
+                config.max_tcp_connections = parse_count(&flag, &value()?, 1, 1 << 16)?
+            }
+            "--tcp-idle-timeout" => config.tcp_idle_timeout = parse_duration(&flag, &value()?)?,
+            "--upstream-sockets" => {
+                config.upstream_sockets = parse_count(&flag, &value()?, 1, 256)?
+            }
+            "--bind-timeout" => config.bind_timeout = parse_duration(&flag, &value()?)?,
+            "--log-level" => {
+                let v = value()?;
+                config.log_level = v.parse().map_err(|_| {
+                    format!("--log-level {v:?}: expected error, warn, info, debug or trace")
+                })?
+            }
+            _ => return Err(format!("unknown argument {arg:?}")),
+        }
+    }
+    check(&config)?;
+    Ok(Command::Run(Box::new(config)))
+}
+
+fn check(c: &Config) -> Result<(), String> {
+    if c.upstream_timeout > c.query_timeout {
+        return Err(format!(
+            "--upstream-timeout {:?} is longer than --query-timeout {:?}",
+            c.upstream_timeout, c.query_timeout
+        ));
+    }
+    if c.node_listen == c.cluster_listen {
+        return Err(format!(
+            "--node-listen and --cluster-listen are both {}",
+            c.node_listen
+        ));
+    }
+    // Discovery is not built yet: without upstreams a listener could only ever answer SERVFAIL.
+    if c.node_upstreams.is_empty() {
+        return Err(format!(
+            "no --node-upstream given: the node listener {} would have no VNet DNS server to ask",
+            c.node_listen
+        ));
+    }
+    if c.cluster_upstreams.is_empty() {
+        return Err(format!(
+            "no --cluster-upstream given: the cluster listener {} would have no kube-dns server to ask",
+            c.cluster_listen
+        ));
+    }
+    for listen in [c.node_listen, c.cluster_listen] {
+        for up in c.node_upstreams.iter().chain(&c.cluster_upstreams) {
+            if *up == listen {
+                return Err(format!(
+                    "upstream {up} is one of our own listeners: that would loop"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `IP`, `IP:PORT` or `[IPv6]:PORT`; a bare IP means port 53.
+pub fn parse_addr(flag: &str, s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, 53));
+    }
+    Err(format!("{flag} {s:?}: expected IP, IP:PORT or [IPv6]:PORT"))
+}
+
+pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
+    let bad = || format!("{flag} {s:?}: expected a duration such as 500ms, 2s or 1m");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(bad()),
+    };
+    if d.is_zero() {
+        return Err(format!("{flag} {s:?}: must be more than zero"));
+    }
+    Ok(d)
+}
+
+fn parse_count(flag: &str, s: &str, min: usize, max: usize) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{flag} {s:?}: expected a whole number from {min} to {max}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Config, String> {
+        let base = [
+            "--node-upstream",
+            "198.18.0.1",
+            "--cluster-upstream",
+            "198.18.0.2",
+        ];
+        match parse(base.iter().chain(args).map(|s| s.to_string()))? {
+            Command::Run(c) => Ok(*c),
+            other => panic!("expected a run, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_aks_ones() {
+        let c = run(&[]).unwrap();
+        assert_eq!(c.node_listen.to_string(), "169.254.10.10:53");
+        assert_eq!(c.cluster_listen.to_string(), "169.254.10.11:53");
+        assert_eq!(c.node_upstreams, vec!["198.18.0.1:53".parse().unwrap()]);
+        assert_eq!(
+            c.cluster_domain_wire,
+            wire::encode_name("cluster.local").unwrap()
+        );
+    }
+
+    #[test]
+    fn addresses_take_every_documented_form() {
+        let c = run(&[
+            "--node-upstream=198.18.0.3:5353",
+            "--cluster-upstream",
+            "[fd00::1]:54",
+            "--cluster-upstream",
+            "fd00::2",
+        ])
+        .unwrap();
+        assert_eq!(c.node_upstreams[1].to_string(), "198.18.0.3:5353");
+        assert_eq!(c.cluster_upstreams[1].to_string(), "[fd00::1]:54");
+        assert_eq!(c.cluster_upstreams[2].to_string(), "[fd00::2]:53");
+    }
+
+    #[test]
+    fn durations_and_domain() {
+        let c = run(&[
+            "--upstream-timeout",
+            "300ms",
+            "--query-timeout",
+            "2s",
+            "--cluster-domain",
+            "Corp.Example.",
+        ])
+        .unwrap();
+        assert_eq!(c.upstream_timeout, Duration::from_millis(300));
+        assert_eq!(c.query_timeout, Duration::from_secs(2));
+        assert_eq!(c.cluster_domain, "corp.example");
+    }
+
+    #[test]
+    fn bad_flags_say_what_is_wrong() {
+        let err = |a: &[&str]| run(a).unwrap_err();
+        assert!(err(&["--node-upstream", "nonsense"]).contains("\"nonsense\""));
+        assert!(err(&["--query-timeout", "5"]).contains("duration"));
+        assert!(err(&["--query-timeout", "0s"]).contains("more than zero"));
+        assert!(err(&["--bogus"]).contains("unknown argument"));
+        assert!(err(&["--max-inflight", "0"]).contains("whole number"));
+        assert!(err(&["--cluster-domain", "a..b"]).contains("--cluster-domain"));
+        assert!(err(&["--upstream-timeout", "3s"]).contains("longer than"));
+        assert!(err(&["--cluster-upstream", "169.254.10.11"]).contains("loop"));
+        assert!(err(&["--log-level", "loud"]).contains("--log-level"));
+        assert!(err(&["--node-listen"]).contains("needs a value"));
+    }
+
+    #[test]
+    fn upstreams_are_required_until_discovery_exists() {
+        let e = parse(["--cluster-upstream".to_string(), "198.18.0.2".into()]).unwrap_err();
+        assert!(e.contains("--node-upstream"), "{e}");
+        let e = parse(["--node-upstream".to_string(), "198.18.0.2".into()]).unwrap_err();
+        assert!(e.contains("--cluster-upstream"), "{e}");
+    }
+
+    #[test]
+    fn help_and_version() {
+        assert!(matches!(parse(["--help".to_string()]), Ok(Command::Help)));
+        assert!(matches!(parse(["-V".to_string()]), Ok(Command::Version)));
+    }
+}

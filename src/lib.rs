@@ -1,0 +1,20 @@
+//! localdns-fallback: a DNS forwarder of last resort for AKS nodes whose LocalDNS has failed.
+//!
+//! # Layout
+//! - [`cli`]: the flags, which are the whole configuration (no config file by design).
+//! - [`server`]: start-up and shutdown; binds the listeners and starts the workers.
+//! - [`listen`]: socket binding (IP_FREEBIND, bounded retry while a port is busy).
+//! - [`forward`]: the forwarding path, UDP and TCP: routing, relaying, retries, SERVFAIL.
+//! - [`upstream`]: upstream groups and their passive health (who is tried next).
+//! - [`wire`]: DNS wire-format checks and edits on packet bytes, without a full parse.
+//!
+//! `forward`, `upstream` and `wire` decide; they own no sockets and read no clock, so their unit
+//! tests run without a network. The integration tests in `tests/` run the real binary in network
+//! namespaces against real DNS servers and real clients.
+
+pub mod cli;
+pub mod forward;
+pub mod listen;
+pub mod server;
+pub mod upstream;
+pub mod wire;

@@ -1,0 +1,101 @@
+//! Binding the listeners and the upstream sockets.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// Receive buffer asked for on listener and upstream sockets: a burst of queries arriving while the
+/// worker is busy waits in the kernel instead of being dropped. The kernel may grant less
+/// (net.core.rmem_max); what it granted is logged.
+const RECV_BUFFER: usize = 4 << 20;
+/// Pending TCP connections the kernel queues for us.
+const TCP_BACKLOG: i32 = 1024;
+/// Pause between bind attempts while the address is busy.
+const BIND_RETRY: Duration = Duration::from_millis(100);
+
+/// Both sockets of one listener.
+pub struct Bound {
+    pub udp: tokio::net::UdpSocket,
+    pub tcp: tokio::net::TcpListener,
+}
+
+/// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
+/// orphaned CoreDNS can hold it for a moment after a crash (CONTEXT §1).
+pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound, String> {
+    let started = Instant::now();
+    loop {
+        match bind_pair(addr) {
+            Ok((udp, tcp)) => {
+                let udp = tokio::net::UdpSocket::from_std(udp.into())
+                    .map_err(|e| format!("cannot register UDP socket {addr}: {e}"))?;
+                let tcp = tokio::net::TcpListener::from_std(tcp.into())
+                    .map_err(|e| format!("cannot register TCP socket {addr}: {e}"))?;
+                return Ok(Bound { udp, tcp });
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && started.elapsed() < patience => {
+                tracing::debug!(%addr, "listener address busy, retrying");
+                tokio::time::sleep(BIND_RETRY).await;
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot bind {addr} (UDP and TCP) after {:.1}s: {e}",
+                    started.elapsed().as_secs_f64()
+                ));
+            }
+        }
+    }
+}
+
+fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket)> {
+    let udp = new_socket(addr, Type::DGRAM, Protocol::UDP)?;
+    udp.bind(&addr.into())?;
+    let tcp = new_socket(addr, Type::STREAM, Protocol::TCP)?;
+    // Lets a restart bind while connections of the previous run sit in TIME_WAIT; it does not let
+    // two listeners share the port (that would be SO_REUSEPORT, which we leave off so a busy port
+    // is noticed rather than silently shared with an orphaned CoreDNS).
+    tcp.set_reuse_address(true)?;
+    tcp.bind(&addr.into())?;
+    tcp.listen(TCP_BACKLOG)?;
+    Ok((udp, tcp))
+}
+
+fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
+    // The listener addresses may not be on the interface yet (the link is being recreated); with
+    // IP_FREEBIND the bind does not depend on the order in which addresses appear.
+    if addr.is_ipv4() {
+        socket.set_freebind_v4(true)?;
+    } else {
+        socket.set_only_v6(true)?;
+        socket.set_freebind_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    if ty == Type::DGRAM {
+        let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+    }
+    Ok(socket)
+}
+
+/// A UDP socket for talking to upstreams: wildcard address, a port picked at random by the kernel.
+pub fn upstream_socket(ipv6: bool) -> io::Result<tokio::net::UdpSocket> {
+    let any: SocketAddr = if ipv6 { "[::]:0" } else { "0.0.0.0:0" }
+        .parse()
+        .expect("literal");
+    let socket = Socket::new(Domain::for_address(any), Type::DGRAM, Some(Protocol::UDP))?;
+    if ipv6 {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+    socket.bind(&any.into())?;
+    tokio::net::UdpSocket::from_std(socket.into())
+}
+
+/// The receive buffer the kernel actually granted, for the start-up log.
+pub fn recv_buffer(socket: &tokio::net::UdpSocket) -> usize {
+    socket2::SockRef::from(socket)
+        .recv_buffer_size()
+        .unwrap_or(0)
+}

@@ -1,0 +1,71 @@
+//! The `localdns-fallback` binary: parse flags, set up logging, serve until SIGTERM or SIGINT.
+//! See `localdns-fallback --help` and README.md.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use localdns_fallback::cli::{self, Command};
+use localdns_fallback::server;
+use tokio::signal::unix::{SignalKind, signal};
+
+fn main() -> ExitCode {
+    let config = match cli::parse(std::env::args().skip(1)) {
+        Ok(Command::Run(config)) => *config,
+        Ok(Command::Help) => {
+            println!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Version) => {
+            println!("localdns-fallback {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("localdns-fallback: {e} (see --help)");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(config.log_level);
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: cli::Config) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(async {
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+        let mut int =
+            signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        server::run(config, stop).await
+    })
+}
+
+/// Logs go to stderr. Under systemd (JOURNAL_STREAM set) the journal adds its own timestamps, and
+/// colours are only for terminals.
+fn init_logging(level: tracing::Level) {
+    let stderr = std::io::stderr();
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(stderr.is_terminal())
+        .with_target(false);
+    if std::env::var_os("JOURNAL_STREAM").is_some() {
+        builder.without_time().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,0 +1,140 @@
+//! Start-up and shutdown: binds both listeners, starts their UDP relays and TCP acceptors, and on
+//! the stop signal closes the listeners first, then gives work in flight a moment to finish.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UdpSocket;
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::cli::Config;
+use crate::forward::{self, Groups, Listener, TcpContext, UdpRelay};
+use crate::listen;
+use crate::upstream::Upstreams;
+
+/// How long queries already read may take to finish after the listeners close (TCP clients in
+/// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// Serves until `shutdown` completes, then stops cleanly.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let config = Arc::new(config);
+    let groups = Arc::new(Groups {
+        node: Arc::new(Upstreams::new(config.node_upstreams.clone())),
+        cluster: Arc::new(Upstreams::new(config.cluster_upstreams.clone())),
+    });
+    // Discovery will publish new upstream sets here; workers pick them up between datagrams.
+    let (_publish_groups, groups_rx) = watch::channel(groups.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
+
+    let (node, cluster) = tokio::try_join!(
+        listen::bind_listener(config.node_listen, config.bind_timeout),
+        listen::bind_listener(config.cluster_listen, config.bind_timeout),
+    )?;
+
+    let mut tasks = Vec::new();
+    for (listener, bound, addr) in [
+        (Listener::Node, node, config.node_listen),
+        (Listener::Cluster, cluster, config.cluster_listen),
+    ] {
+        let (v4, v6) = upstream_pool(&config, &groups, listener);
+        let (v4_count, v6_count) = (v4.len(), v6.len());
+        let relay = UdpRelay::new(listener, &config, groups.clone(), v4_count, v6_count);
+        log_listener(listener, addr, &groups, &config, &bound.udp);
+        let pool = v4.into_iter().chain(v6).collect();
+        tasks.push(tokio::spawn(forward::serve_udp(
+            bound.udp,
+            pool,
+            relay,
+            groups_rx.clone(),
+            stop_rx.clone(),
+        )));
+        let ctx = Arc::new(TcpContext {
+            listener,
+            config: config.clone(),
+            groups: groups_rx.clone(),
+            connections: Arc::new(Semaphore::new(config.max_tcp_connections)),
+        });
+        tasks.push(tokio::spawn(forward::serve_tcp(
+            bound.tcp,
+            ctx,
+            stop_rx.clone(),
+            drain_tx.clone(),
+        )));
+    }
+    tracing::info!("ready");
+
+    shutdown.await;
+    tracing::info!("stopping: closing listeners");
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        let _ = task.await;
+    }
+    tracing::info!("listeners closed; draining queries in flight");
+    drop(drain_tx);
+    let drained = tokio::time::timeout(DRAIN, drain_rx.recv()).await.is_ok();
+    tracing::info!(drained, "stopped");
+    Ok(())
+}
+
+/// The upstream sockets of one listener: `--upstream-sockets` per address family that its groups
+/// use. An IPv6 pool that cannot be created (IPv6 disabled on the node) is logged and left empty.
+fn upstream_pool(
+    config: &Config,
+    groups: &Groups,
+    listener: Listener,
+) -> (Vec<UdpSocket>, Vec<UdpSocket>) {
+    let mut addrs: Vec<SocketAddr> = groups.cluster.addrs().to_vec();
+    if listener == Listener::Node {
+        addrs.extend_from_slice(groups.node.addrs());
+    }
+    let make = |ipv6: bool| -> Vec<UdpSocket> {
+        (0..config.upstream_sockets)
+            .map_while(|_| match listen::upstream_socket(ipv6) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(ipv6, error = %e, "cannot open an upstream socket");
+                    None
+                }
+            })
+            .collect()
+    };
+    let v4 = make(false);
+    let v6 = if addrs.iter().any(SocketAddr::is_ipv6) {
+        make(true)
+    } else {
+        Vec::new()
+    };
+    (v4, v6)
+}
+
+fn log_listener(
+    listener: Listener,
+    addr: SocketAddr,
+    groups: &Groups,
+    config: &Config,
+    udp: &UdpSocket,
+) {
+    let recv_buffer = listen::recv_buffer(udp);
+    match listener {
+        Listener::Node => tracing::info!(
+            listener = listener.name(),
+            %addr,
+            vnet_dns = ?groups.node.addrs(),
+            kube_dns = ?groups.cluster.addrs(),
+            cluster_domain = %config.cluster_domain,
+            recv_buffer,
+            "serving UDP and TCP: the cluster domain goes to kube-dns, all else to the VNet DNS"
+        ),
+        Listener::Cluster => tracing::info!(
+            listener = listener.name(),
+            %addr,
+            kube_dns = ?groups.cluster.addrs(),
+            recv_buffer,
+            "serving UDP and TCP: every name goes to kube-dns"
+        ),
+    }
+}
