@@ -1,0 +1,65 @@
+//! The command line as an operator meets it: bad flags are one clear line and exit 2. These runs
+//! end before any socket is opened, so they need no namespace.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_localdns-fallback"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_flags_are_one_line_and_exit_2() {
+    for (args, needle) in [
+        (&["--bogus"][..], "unknown argument \"--bogus\""),
+        (&["--node-upstream", "not-an-ip"], "\"not-an-ip\""),
+        (
+            &["--query-timeout", "soon", "--node-upstream", "198.18.0.1"],
+            "\"soon\"",
+        ),
+        (&["--node-upstream", "198.18.0.1"], "--cluster-upstream"),
+        (&["--cluster-upstream", "198.18.0.1"], "--node-upstream"),
+    ] {
+        let (code, stdout, stderr) = run(args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stdout.is_empty());
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn help_lists_every_flag_and_version_prints() {
+    let (code, help, _) = run(&["--help"]);
+    assert_eq!(code, 0);
+    for flag in [
+        "--node-listen",
+        "--cluster-listen",
+        "--node-upstream",
+        "--cluster-upstream",
+        "--cluster-domain",
+        "--upstream-timeout",
+        "--query-timeout",
+        "--max-inflight",
+        "--max-tcp-connections",
+        "--tcp-idle-timeout",
+        "--upstream-sockets",
+        "--bind-timeout",
+        "--log-level",
+    ] {
+        assert!(help.contains(flag), "help mentions {flag}");
+    }
+    let (code, version, _) = run(&["--version"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        version.trim(),
+        format!("localdns-fallback {}", env!("CARGO_PKG_VERSION"))
+    );
+}

@@ -1,0 +1,132 @@
+//! The forwarder under test, run as a child process inside a namespace.
+
+use super::client::dns_answers;
+use super::netns::Netns;
+use super::{LogCollector, kill_and_reap, spawn_logged};
+use nix::sys::signal::Signal;
+use std::net::SocketAddr;
+use std::process::{Child, ExitStatus};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The name LocalDNS's probes query; any reply counts as alive.
+pub const HEALTH_CHECK_NAME: &str = "health-check.localdns.local.";
+
+/// Path of the project binary built by cargo for these tests.
+pub fn forwarder_binary() -> &'static str {
+    env!("CARGO_BIN_EXE_localdns-fallback")
+}
+
+/// A running `localdns-fallback`; dropping it SIGKILLs and reaps it.
+/// Its stdout and stderr lines are collected (see [`Forwarder::logs`]).
+pub struct Forwarder {
+    child: Mutex<Child>,
+    pid: u32,
+    log: LogCollector,
+}
+
+impl Forwarder {
+    /// Spawns the binary with `args` inside `ns`, inheriting our environment.
+    pub fn spawn(ns: &Netns, args: &[String]) -> Forwarder {
+        Forwarder::spawn_with_env(ns, args, &[])
+    }
+
+    /// As [`Forwarder::spawn`], with extra environment variables (e.g.
+    /// `("RUST_LOG", "debug")`).
+    pub fn spawn_with_env(ns: &Netns, args: &[String], env: &[(&str, &str)]) -> Forwarder {
+        let mut cmd = ns.exec(forwarder_binary(), args);
+        cmd.envs(env.iter().copied());
+        let (child, log) = spawn_logged(cmd, "localdns-fallback");
+        Forwarder {
+            pid: child.id(),
+            child: Mutex::new(child),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sends `sig` to the forwarder; panics if it cannot be delivered.
+    /// (The pid cannot have been reused: we reap the child only in
+    /// [`Forwarder::wait_exit`] and Drop.)
+    pub fn signal(&self, sig: Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), sig)
+            .unwrap_or_else(|e| panic!("cannot send {sig} to forwarder {}: {e}", self.pid));
+    }
+
+    /// Waits up to `timeout` for the process to exit; its status, or None if
+    /// it is still running. Can be called again after it returned a status.
+    pub fn wait_exit(&self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_exit_status() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The exit status if the process has exited, without waiting.
+    pub fn try_exit_status(&self) -> Option<ExitStatus> {
+        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        child.try_wait().ok().flatten()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.try_exit_status().is_none()
+    }
+
+    /// Everything printed so far on stdout and stderr, one line per line.
+    pub fn logs(&self) -> String {
+        self.log.text()
+    }
+
+    /// Waits up to `timeout` for a log line containing `needle`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        super::poll_until(timeout, || {
+            self.log
+                .lines()
+                .iter()
+                .any(|l| l.contains(needle))
+                .then_some(())
+        })
+        .is_some()
+    }
+
+    /// Polls `addr` from inside `ns` with UDP queries for
+    /// `health-check.localdns.local` until one gets any reply. Panics, with
+    /// the forwarder's logs, if it exits first or `timeout` passes.
+    pub fn wait_ready(&self, ns: &Netns, addr: SocketAddr, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_exit_status() {
+                panic!(
+                    "forwarder exited ({status}) before answering on {addr}; logs:\n{}",
+                    self.logs()
+                );
+            }
+            if dns_answers(ns, addr, HEALTH_CHECK_NAME, Duration::from_millis(200)) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "forwarder did not answer on {addr} within {timeout:?}; logs:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        kill_and_reap(child);
+    }
+}

@@ -1,0 +1,616 @@
+//! An in-process, scriptable DNS server used as an upstream of the forwarder.
+//!
+//! It serves UDP and TCP (2-byte length framing, several queries per
+//! connection) on one address inside a namespace. Its sockets are created in
+//! the namespace through [`Netns::enter`]; the serving threads run anywhere.
+//! Every byte it receives is untrusted: malformed input is answered with
+//! FORMERR or dropped, never unwrapped.
+
+use super::netns::Netns;
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::{A, TXT};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use rand::Rng;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// TTL of every record the responder serves.
+pub const RESPONDER_TTL: u32 = 60;
+/// The big TXT RRset answered for names starting with `big.`: this many
+/// strings of [`BIG_TXT_STRING_LEN`] bytes (about 4 KB on the wire).
+pub const BIG_TXT_STRINGS: usize = 16;
+pub const BIG_TXT_STRING_LEN: usize = 250;
+/// How long a spoofing responder waits after its forgeries before the real reply.
+pub const SPOOF_REAL_REPLY_DELAY: Duration = Duration::from_millis(20);
+
+/// The strings of the big TXT RRset, in order. String i starts with its
+/// two-digit index so a test can tell reordering or loss from truncation.
+pub fn big_txt_strings() -> Vec<String> {
+    (0..BIG_TXT_STRINGS)
+        .map(|i| {
+            let fill = char::from(b'a' + (i % 26) as u8);
+            let mut s = format!("{i:02}");
+            s.extend(std::iter::repeat_n(fill, BIG_TXT_STRING_LEN - 2));
+            s
+        })
+        .collect()
+}
+
+/// How the responder behaves. Common answers (all modes that answer):
+/// A -> one A record `answer_v4` (TTL 60); AAAA -> NOERROR/no data; TXT for a
+/// name starting with `big.` -> the big RRset; any name starting with `nx.`
+/// -> NXDOMAIN; anything else -> NOERROR/no data. The question is echoed as
+/// received (same case) and an OPT record is returned if the query had one.
+#[derive(Clone, Debug)]
+pub enum Mode {
+    /// Correct answers; over UDP a reply larger than the client's EDNS size
+    /// (512 without OPT) is sent with TC set and no answers.
+    Normal { answer_v4: Ipv4Addr },
+    /// Counts queries and never answers.
+    Silent,
+    /// For each UDP query sends, in this order, forged replies carrying
+    /// `forged_v4`: (a) wrong ID, (b) right ID but another question name,
+    /// (c) right ID and question from a second socket on another port of the
+    /// same IP, (d) right ID and question with QR=0, (e) right ID and question
+    /// from `alt_src` (same port, other IP; skipped if None). Then, after
+    /// [`SPOOF_REAL_REPLY_DELAY`], the real reply with `answer_v4`.
+    /// TCP queries get the real reply only.
+    Spoof {
+        answer_v4: Ipv4Addr,
+        forged_v4: Ipv4Addr,
+        alt_src: Option<IpAddr>,
+    },
+    /// Like Normal but never truncates: the full big TXT goes over UDP
+    /// whatever the client advertised.
+    Oversize { answer_v4: Ipv4Addr },
+    /// Answers each UDP query with a datagram of random bytes (never starting
+    /// with the query's ID), then with a datagram carrying the right ID,
+    /// QR=0 and random bytes after the header. TCP queries get one frame of
+    /// random bytes.
+    Garbage,
+    /// Correct answers (as Normal), each sent `delay` after the query.
+    Delay {
+        answer_v4: Ipv4Addr,
+        delay: Duration,
+    },
+}
+
+/// A running responder; dropping it stops and joins all its threads.
+pub struct Responder {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    udp_count: Arc<AtomicUsize>,
+    tcp_count: Arc<AtomicUsize>,
+    threads: Vec<JoinHandle<()>>,
+    /// Per-connection and delayed-reply threads, joined on drop.
+    workers: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+/// Sockets a spoofing responder forges from.
+struct SpoofSockets {
+    other_port: UdpSocket,
+    other_ip: Option<UdpSocket>,
+}
+
+impl Responder {
+    /// Starts serving on `addr` (UDP and TCP) inside `ns`. With port 0 the
+    /// kernel picks a port for UDP and TCP uses the same one; see [`addr`].
+    ///
+    /// [`addr`]: Responder::addr
+    pub fn start(ns: &Netns, addr: SocketAddr, mode: Mode) -> Responder {
+        let (udp, tcp, spoof) = ns.enter(|| {
+            let udp = UdpSocket::bind(addr).unwrap_or_else(|e| {
+                panic!("responder: cannot bind UDP {addr} in {}: {e}", ns.name)
+            });
+            let addr = udp.local_addr().expect("local_addr of a bound socket");
+            let tcp = TcpListener::bind(addr).unwrap_or_else(|e| {
+                panic!("responder: cannot bind TCP {addr} in {}: {e}", ns.name)
+            });
+            let spoof = match &mode {
+                Mode::Spoof { alt_src, .. } => {
+                    let other_port = UdpSocket::bind(SocketAddr::new(addr.ip(), 0))
+                        .unwrap_or_else(|e| panic!("responder: cannot bind spoof socket: {e}"));
+                    let other_ip = alt_src.map(|ip| {
+                        UdpSocket::bind(SocketAddr::new(ip, addr.port())).unwrap_or_else(|e| {
+                            panic!(
+                                "responder: cannot bind spoof source {ip}:{} in {}: {e}",
+                                addr.port(),
+                                ns.name
+                            )
+                        })
+                    });
+                    Some(SpoofSockets {
+                        other_port,
+                        other_ip,
+                    })
+                }
+                _ => None,
+            };
+            (udp, tcp, spoof)
+        });
+        let addr = udp.local_addr().expect("local_addr of a bound socket");
+
+        // Timeouts and non-blocking accept let every loop notice `stop`.
+        udp.set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("set_read_timeout");
+        tcp.set_nonblocking(true).expect("set_nonblocking");
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let udp_count = Arc::new(AtomicUsize::new(0));
+        let tcp_count = Arc::new(AtomicUsize::new(0));
+        let workers = Arc::new(Mutex::new(Vec::new()));
+
+        let udp_thread = {
+            let ctx = Ctx {
+                mode: mode.clone(),
+                stop: Arc::clone(&stop),
+                count: Arc::clone(&udp_count),
+                workers: Arc::clone(&workers),
+            };
+            std::thread::Builder::new()
+                .name(format!("responder-udp-{addr}"))
+                .spawn(move || serve_udp(Arc::new(udp), spoof.map(Arc::new), ctx))
+                .expect("spawn responder thread")
+        };
+        let tcp_thread = {
+            let ctx = Ctx {
+                mode,
+                stop: Arc::clone(&stop),
+                count: Arc::clone(&tcp_count),
+                workers: Arc::clone(&workers),
+            };
+            std::thread::Builder::new()
+                .name(format!("responder-tcp-{addr}"))
+                .spawn(move || serve_tcp(tcp, ctx))
+                .expect("spawn responder thread")
+        };
+
+        Responder {
+            addr,
+            stop,
+            udp_count,
+            tcp_count,
+            threads: vec![udp_thread, tcp_thread],
+            workers,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Queries received so far over UDP and TCP (garbage included).
+    pub fn queries(&self) -> usize {
+        self.udp_queries() + self.tcp_queries()
+    }
+
+    pub fn udp_queries(&self) -> usize {
+        self.udp_count.load(Ordering::SeqCst)
+    }
+
+    /// Length-prefixed frames received over TCP.
+    pub fn tcp_queries(&self) -> usize {
+        self.tcp_count.load(Ordering::SeqCst)
+    }
+
+    /// The live counters, for watching from another thread.
+    pub fn counters(&self) -> (Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        (Arc::clone(&self.udp_count), Arc::clone(&self.tcp_count))
+    }
+
+    pub fn reset_counts(&self) {
+        self.udp_count.store(0, Ordering::SeqCst);
+        self.tcp_count.store(0, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // The two loops are the only ones adding workers: join them first so
+        // the worker list is final.
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let workers: Vec<_> = self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for w in workers {
+            let _ = w.join();
+        }
+    }
+}
+
+/// What a serving loop needs.
+struct Ctx {
+    mode: Mode,
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicUsize>,
+    workers: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Ctx {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn spawn_worker(&self, f: impl FnOnce() + Send + 'static) {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        // Drop finished handles so a long test does not accumulate them.
+        workers.retain(|w| !w.is_finished());
+        match std::thread::Builder::new().spawn(f) {
+            Ok(handle) => workers.push(handle),
+            Err(e) => eprintln!("responder: cannot spawn worker: {e}"),
+        }
+    }
+}
+
+/// Sleeps `total`, waking every 10 ms to check `stop`; false if stopped.
+fn sleep_unless_stopped(stop: &AtomicBool, total: Duration) -> bool {
+    let deadline = Instant::now() + total;
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
+    }
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
+fn serve_udp(sock: Arc<UdpSocket>, spoof: Option<Arc<SpoofSockets>>, ctx: Ctx) {
+    // 64 KiB: the largest datagram, so nothing is silently cut.
+    let mut buf = vec![0u8; 65536];
+    while !ctx.stopped() {
+        let (len, src) = match sock.recv_from(&mut buf) {
+            Ok(r) => r,
+            Err(e) if is_timeout(&e) => continue,
+            Err(e) => {
+                // E.g. ECONNREFUSED left over from an ICMP error: keep serving.
+                eprintln!("responder: udp recv error: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        ctx.count.fetch_add(1, Ordering::SeqCst);
+        let query = &buf[..len];
+        match &ctx.mode {
+            Mode::Silent => {}
+            Mode::Normal { answer_v4 } => {
+                if let Some(reply) = reply_bytes(query, *answer_v4, true) {
+                    let _ = sock.send_to(&reply, src);
+                }
+            }
+            Mode::Oversize { answer_v4 } => {
+                if let Some(reply) = reply_bytes(query, *answer_v4, false) {
+                    let _ = sock.send_to(&reply, src);
+                }
+            }
+            Mode::Delay { answer_v4, delay } => {
+                let Some(reply) = reply_bytes(query, *answer_v4, true) else {
+                    continue;
+                };
+                let (sock, stop, delay) = (Arc::clone(&sock), Arc::clone(&ctx.stop), *delay);
+                ctx.spawn_worker(move || {
+                    if sleep_unless_stopped(&stop, delay) {
+                        let _ = sock.send_to(&reply, src);
+                    }
+                });
+            }
+            Mode::Garbage => {
+                for datagram in garbage_replies(query) {
+                    let _ = sock.send_to(&datagram, src);
+                }
+            }
+            Mode::Spoof {
+                answer_v4,
+                forged_v4,
+                ..
+            } => {
+                let Ok(msg) = Message::from_vec(query) else {
+                    // Nothing to forge for a query that does not parse.
+                    if let Some(reply) = formerr(query) {
+                        let _ = sock.send_to(&reply, src);
+                    }
+                    continue;
+                };
+                let Some(spoof) = spoof.as_ref().map(Arc::clone) else {
+                    continue;
+                };
+                let forged = forgeries(&msg, *forged_v4);
+                let real = reply_bytes(query, *answer_v4, true);
+                let (sock, stop) = (Arc::clone(&sock), Arc::clone(&ctx.stop));
+                // A worker, so the 20 ms pause does not hold up other queries.
+                ctx.spawn_worker(move || {
+                    send_forgeries(&sock, &spoof, &forged, src);
+                    if sleep_unless_stopped(&stop, SPOOF_REAL_REPLY_DELAY) {
+                        if let Some(real) = real {
+                            let _ = sock.send_to(&real, src);
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// The forged replies of [`Mode::Spoof`], by kind.
+struct Forgeries {
+    wrong_id: Option<Vec<u8>>,
+    wrong_question: Option<Vec<u8>>,
+    right: Option<Vec<u8>>,
+    qr_zero: Option<Vec<u8>>,
+}
+
+fn forgeries(query: &Message, forged_v4: Ipv4Addr) -> Forgeries {
+    let right = encode(&build_reply(query, forged_v4), None);
+    let wrong_id = right.clone().map(|mut b| {
+        b[0] ^= 0x5a;
+        b[1] ^= 0xa5;
+        b
+    });
+    let qr_zero = right.clone().map(|mut b| {
+        b[2] &= 0x7f;
+        b
+    });
+    let wrong_question = {
+        let mut other = query.clone();
+        let name = Name::from_ascii("forged-question.invalid.").expect("static name");
+        for q in other.queries_mut() {
+            q.set_name(name.clone());
+        }
+        encode(&build_reply(&other, forged_v4), None)
+    };
+    Forgeries {
+        wrong_id,
+        wrong_question,
+        right,
+        qr_zero,
+    }
+}
+
+fn send_forgeries(main: &UdpSocket, spoof: &SpoofSockets, f: &Forgeries, to: SocketAddr) {
+    if let Some(b) = &f.wrong_id {
+        let _ = main.send_to(b, to);
+    }
+    if let Some(b) = &f.wrong_question {
+        let _ = main.send_to(b, to);
+    }
+    if let Some(b) = &f.right {
+        let _ = spoof.other_port.send_to(b, to);
+    }
+    if let Some(b) = &f.qr_zero {
+        let _ = main.send_to(b, to);
+    }
+    if let (Some(sock), Some(b)) = (&spoof.other_ip, &f.right) {
+        let _ = sock.send_to(b, to);
+    }
+}
+
+/// The datagrams [`Mode::Garbage`] answers a UDP query with.
+fn garbage_replies(query: &[u8]) -> Vec<Vec<u8>> {
+    let mut rng = rand::rng();
+    let mut noise = vec![0u8; rng.random_range(1..=300)];
+    rng.fill(&mut noise[..]);
+    let mut out = Vec::new();
+    if query.len() >= 2 {
+        // Never let pure noise carry the right ID by chance.
+        if noise.len() >= 2 && noise[..2] == query[..2] {
+            noise[0] ^= 0xff;
+        }
+        let mut header_then_noise = vec![
+            query[0], query[1], // the query's ID
+            0x01, 0x00, // QR=0, opcode QUERY, RD
+            0x00, 0x01, // QDCOUNT 1
+            0x00, 0x01, // ANCOUNT 1
+            0x00, 0x00, 0x00, 0x00,
+        ];
+        let mut tail = vec![0u8; rng.random_range(1..=100)];
+        rng.fill(&mut tail[..]);
+        header_then_noise.extend_from_slice(&tail);
+        out.push(noise);
+        out.push(header_then_noise);
+    } else {
+        out.push(noise);
+    }
+    out
+}
+
+fn random_frame() -> Vec<u8> {
+    let mut rng = rand::rng();
+    let mut noise = vec![0u8; rng.random_range(1..=300)];
+    rng.fill(&mut noise[..]);
+    noise
+}
+
+fn serve_tcp(listener: TcpListener, ctx: Ctx) {
+    let ctx = Arc::new(ctx);
+    while !ctx.stopped() {
+        match listener.accept() {
+            Ok((stream, _peer)) => {
+                let conn_ctx = Arc::clone(&ctx);
+                ctx.spawn_worker(move || serve_tcp_conn(stream, &conn_ctx));
+            }
+            Err(e) if is_timeout(&e) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => {
+                eprintln!("responder: accept error: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Serves one TCP connection: any number of length-prefixed queries, answered
+/// in order, until the client closes it or the responder stops.
+fn serve_tcp_conn(mut stream: TcpStream, ctx: &Ctx) {
+    if stream.set_nonblocking(false).is_err()
+        || stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .is_err()
+        || stream
+            .set_write_timeout(Some(Duration::from_secs(5)))
+            .is_err()
+    {
+        return;
+    }
+    let _ = stream.set_nodelay(true);
+    let mut pending: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 65536];
+    while !ctx.stopped() {
+        // Answer every complete frame already buffered.
+        while pending.len() >= 2 {
+            let len = usize::from(u16::from_be_bytes([pending[0], pending[1]]));
+            if pending.len() < 2 + len {
+                break;
+            }
+            let frame: Vec<u8> = pending.drain(..2 + len).skip(2).collect();
+            ctx.count.fetch_add(1, Ordering::SeqCst);
+            let Some(reply) = tcp_reply(&frame, ctx) else {
+                continue;
+            };
+            let Ok(reply_len) = u16::try_from(reply.len()) else {
+                continue;
+            };
+            let mut out = reply_len.to_be_bytes().to_vec();
+            out.extend_from_slice(&reply);
+            if stream.write_all(&out).is_err() {
+                return;
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+            Err(e) if is_timeout(&e) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn tcp_reply(query: &[u8], ctx: &Ctx) -> Option<Vec<u8>> {
+    match &ctx.mode {
+        Mode::Silent => None,
+        Mode::Garbage => Some(random_frame()),
+        Mode::Normal { answer_v4 }
+        | Mode::Oversize { answer_v4 }
+        | Mode::Spoof { answer_v4, .. } => reply_bytes(query, *answer_v4, false),
+        Mode::Delay { answer_v4, delay } => {
+            if !sleep_unless_stopped(&ctx.stop, *delay) {
+                return None;
+            }
+            reply_bytes(query, *answer_v4, false)
+        }
+    }
+}
+
+/// The encoded reply to raw `query`, or None if it deserves no reply (it is
+/// itself a response, or too short to carry an ID). With `truncate` a reply
+/// larger than the client's UDP size (EDNS, else 512) becomes a TC reply;
+/// without it the full reply goes out whatever its size (TCP, Oversize).
+fn reply_bytes(query: &[u8], answer_v4: Ipv4Addr, truncate: bool) -> Option<Vec<u8>> {
+    let msg = match Message::from_vec(query) {
+        Ok(msg) => msg,
+        Err(_) => return formerr(query),
+    };
+    if msg.message_type() == MessageType::Response {
+        return None;
+    }
+    let limit = truncate.then(|| usize::from(msg.max_payload()));
+    encode(&build_reply(&msg, answer_v4), limit)
+}
+
+/// A header-only FORMERR for a datagram that does not parse, if it is long
+/// enough to be a query header.
+fn formerr(query: &[u8]) -> Option<Vec<u8>> {
+    if query.len() < 12 || query[2] & 0x80 != 0 {
+        return None;
+    }
+    let flags1 = 0x80 | (query[2] & 0x78) | (query[2] & 0x01); // QR, opcode, RD
+    Some(vec![
+        query[0], query[1], flags1, 0x01, // rcode FORMERR
+        0, 0, 0, 0, 0, 0, 0, 0,
+    ])
+}
+
+/// The reply message to a parsed query (untruncated).
+fn build_reply(query: &Message, answer_v4: Ipv4Addr) -> Message {
+    let mut reply = Message::new();
+    reply
+        .set_id(query.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(query.op_code())
+        .set_recursion_desired(query.recursion_desired())
+        .set_recursion_available(true)
+        .set_checking_disabled(query.checking_disabled());
+    // Cloned, not rebuilt, so the name keeps the case it was received with.
+    reply.add_queries(query.queries().iter().cloned());
+    if let Some(edns) = query.extensions() {
+        let mut opt = Edns::new();
+        opt.set_max_payload(edns.max_payload().max(512))
+            .set_version(0)
+            .set_dnssec_ok(edns.flags().dnssec_ok);
+        reply.set_edns(opt);
+    }
+
+    if query.op_code() != OpCode::Query {
+        reply.set_response_code(ResponseCode::NotImp);
+        return reply;
+    }
+    let Some(question) = query.queries().first() else {
+        reply.set_response_code(ResponseCode::FormErr);
+        return reply;
+    };
+    let lower = question.name().to_ascii().to_ascii_lowercase();
+    if lower.starts_with("nx.") {
+        reply.set_response_code(ResponseCode::NXDomain);
+        return reply;
+    }
+    match question.query_type() {
+        RecordType::A => {
+            reply.add_answer(Record::from_rdata(
+                question.name().clone(),
+                RESPONDER_TTL,
+                RData::A(A(answer_v4)),
+            ));
+        }
+        RecordType::TXT if lower.starts_with("big.") => {
+            reply.add_answer(Record::from_rdata(
+                question.name().clone(),
+                RESPONDER_TTL,
+                RData::TXT(TXT::new(big_txt_strings())),
+            ));
+        }
+        // AAAA and everything else: NOERROR, no data.
+        _ => {}
+    }
+    reply
+}
+
+/// Encodes `reply`; if `limit` is given and the reply exceeds it, sends
+/// instead the same header and question with TC set and no records.
+fn encode(reply: &Message, limit: Option<usize>) -> Option<Vec<u8>> {
+    let bytes = reply.to_vec().ok()?;
+    match limit {
+        Some(limit) if bytes.len() > limit => {
+            let mut cut = reply.clone();
+            cut.take_answers();
+            cut.take_name_servers();
+            cut.take_additionals();
+            cut.set_truncated(true);
+            cut.to_vec().ok()
+        }
+        _ => Some(bytes),
+    }
+}

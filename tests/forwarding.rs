@@ -1,0 +1,628 @@
+//! The forwarder end to end: the real binary in a node namespace, real DNS servers (dnsmasq,
+//! unbound) and the project's test responder in upstream namespaces, real clients (dig, kdig,
+//! glibc's getent). Run as root; every namespace and process is removed on drop.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::*;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+
+const NODE: &str = "169.254.10.10";
+const CLUSTER: &str = "169.254.10.11";
+/// A client's own timeout (glibc and dig default to 5 s); every answer, SERVFAIL included, must
+/// arrive well before it.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The forwarder's default query deadline is 2.5 s; allow process start-up of dig and scheduling
+/// noise on a loaded 2-core machine on top of it.
+const DEADLINE_WITH_MARGIN: Duration = Duration::from_millis(4000);
+
+const KUBERNETES: &str = "kubernetes.default.svc.cluster.local";
+const KUBERNETES_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// What the VNet DNS (unbound) answers for www.example.
+const VNET_ANSWER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// What kube-dns (dnsmasq) answers for every name under example., so a misrouted query shows.
+const KUBE_DNS_EXAMPLE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 66);
+
+fn listener(ip: &str) -> SocketAddr {
+    SocketAddr::new(ip.parse().unwrap(), 53)
+}
+
+fn args(node: &[SocketAddr], cluster: &[SocketAddr], extra: &[&str]) -> Vec<String> {
+    let mut a = Vec::new();
+    for n in node {
+        a.push("--node-upstream".to_string());
+        a.push(n.to_string());
+    }
+    for c in cluster {
+        a.push("--cluster-upstream".to_string());
+        a.push(c.to_string());
+    }
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn start(
+    topo: &Topology,
+    node: &[SocketAddr],
+    cluster: &[SocketAddr],
+    extra: &[&str],
+) -> Forwarder {
+    let f = Forwarder::spawn(&topo.node, &args(node, cluster, extra));
+    f.wait_ready(&topo.node, listener(NODE), Duration::from_secs(10));
+    f.wait_ready(&topo.node, listener(CLUSTER), Duration::from_secs(10));
+    f
+}
+
+/// The usual node: unbound as the VNet DNS, dnsmasq as kube-dns, the forwarder between them.
+struct Node {
+    topo: Topology,
+    _vnet: Unbound,
+    _kube_dns: Dnsmasq,
+    vnet_up: Upstream,
+    kube_up: Upstream,
+    _fwd: Forwarder,
+}
+
+fn usual_node() -> Node {
+    require_root_and_tools(&["ip", "dig", "kdig", "dnsmasq", "unbound", "getent"]);
+    let topo = Topology::new();
+    let vnet_up = topo.add_upstream_ns(true, false);
+    let kube_up = topo.add_upstream_ns(true, false);
+    let big = unbound_big_txt("big.example.", 12, 250);
+    let mut data = vec![format!("www.example. 60 IN A {VNET_ANSWER}")];
+    data.push(big);
+    let data: Vec<&str> = data.iter().map(String::as_str).collect();
+    let vnet = Unbound::start(&vnet_up.ns, vnet_up.v4.unwrap().into(), &data);
+    let kube_dns = Dnsmasq::start_with(
+        &kube_up.ns,
+        &[kube_up.v4.unwrap().into()],
+        &[(KUBERNETES, IpAddr::V4(KUBERNETES_IP))],
+        &[("example", IpAddr::V4(KUBE_DNS_EXAMPLE))],
+        &[],
+    );
+    let fwd = start(&topo, &[vnet_up.sock_v4()], &[kube_up.sock_v4()], &[]);
+    Node {
+        topo,
+        _vnet: vnet,
+        _kube_dns: kube_dns,
+        vnet_up,
+        kube_up,
+        _fwd: fwd,
+    }
+}
+
+#[test]
+fn cluster_names_on_both_listeners_reach_kube_dns() {
+    let n = usual_node();
+    for l in [CLUSTER, NODE] {
+        let r = dig(&n.topo.node, &[&format!("@{l}"), KUBERNETES, "A"]);
+        assert_eq!(r.status, "NOERROR", "{l}: {}", r.raw);
+        assert_eq!(r.answers, vec![KUBERNETES_IP.to_string()], "{l}: {}", r.raw);
+    }
+}
+
+#[test]
+fn external_names_on_the_node_listener_go_to_the_vnet_dns_only() {
+    let n = usual_node();
+    let r = dig(&n.topo.node, &[&format!("@{NODE}"), "www.example", "A"]);
+    assert_eq!(
+        r.answers,
+        vec![VNET_ANSWER.to_string()],
+        "node listener: {}",
+        r.raw
+    );
+    // The cluster listener sends every name to kube-dns, which answers example. differently.
+    let r = dig(&n.topo.node, &[&format!("@{CLUSTER}"), "www.example", "A"]);
+    assert_eq!(
+        r.answers,
+        vec![KUBE_DNS_EXAMPLE.to_string()],
+        "cluster listener: {}",
+        r.raw
+    );
+    let _ = (&n.vnet_up, &n.kube_up);
+}
+
+#[test]
+fn tcp_works_on_both_listeners() {
+    let n = usual_node();
+    let r = dig(&n.topo.node, &[&format!("@{CLUSTER}"), KUBERNETES, "+tcp"]);
+    assert_eq!(r.answers, vec![KUBERNETES_IP.to_string()], "{}", r.raw);
+    let r = kdig(&n.topo.node, &[&format!("@{NODE}"), "www.example", "+tcp"]);
+    assert_eq!(r.answers, vec![VNET_ANSWER.to_string()], "{}", r.raw);
+}
+
+#[test]
+fn glibc_resolves_through_the_node_listener() {
+    let n = usual_node();
+    n.topo.node.set_resolv_conf(&format!(
+        "nameserver {NODE}\noptions timeout:5 attempts:1\n"
+    ));
+    assert_eq!(
+        getent_hosts(&n.topo.node, "www.example").as_deref(),
+        Some("198.51.100.10")
+    );
+    assert_eq!(
+        getent_hosts(&n.topo.node, KUBERNETES).as_deref(),
+        Some("10.0.0.1")
+    );
+}
+
+#[test]
+fn a_large_answer_is_truncated_over_udp_and_whole_over_tcp() {
+    let n = usual_node();
+    let udp = dig(
+        &n.topo.node,
+        &[&format!("@{NODE}"), "big.example", "TXT", "+ignore"],
+    );
+    assert_eq!(udp.status, "NOERROR", "{}", udp.raw);
+    assert!(udp.has_flag("tc"), "TC passes through: {}", udp.raw);
+    let tcp = dig(
+        &n.topo.node,
+        &[&format!("@{NODE}"), "big.example", "TXT", "+tcp"],
+    );
+    assert!(!tcp.has_flag("tc"), "{}", tcp.raw);
+    assert!(
+        tcp.msg_size.unwrap_or(0) > 2500,
+        "full answer over TCP: {}",
+        tcp.raw
+    );
+    // And dig's own fallback: UDP first, TC, then TCP.
+    let auto = dig(&n.topo.node, &[&format!("@{NODE}"), "big.example", "TXT"]);
+    assert_eq!(auto.answers.len(), tcp.answers.len(), "{}", auto.raw);
+}
+
+#[test]
+fn an_answer_larger_than_the_client_asked_for_becomes_tc() {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    // This upstream ignores the client's size and sends ~4 KB over UDP.
+    let _r = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Oversize {
+            answer_v4: KUBERNETES_IP,
+        },
+    );
+    let _f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    for (size, truncated) in [
+        ("+noedns", true),
+        ("+bufsize=1232", true),
+        ("+bufsize=8192", false),
+    ] {
+        let r = dig(
+            &topo.node,
+            &[
+                &format!("@{CLUSTER}"),
+                "big.example",
+                "TXT",
+                size,
+                "+ignore",
+            ],
+        );
+        assert_eq!(r.status, "NOERROR", "{size}: {}", r.raw);
+        assert_eq!(r.has_flag("tc"), truncated, "{size}: {}", r.raw);
+        let limit = if size == "+noedns" { 512 } else { 1232 };
+        if truncated {
+            assert!(r.msg_size.unwrap() <= limit, "{size}: {}", r.raw);
+        }
+    }
+}
+
+#[test]
+fn one_silent_upstream_of_two_still_answers_in_time() {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let dead = topo.add_upstream_ns(true, false);
+    let alive = topo.add_upstream_ns(true, false);
+    let silent = Responder::start(&dead.ns, dead.sock_v4(), Mode::Silent);
+    let _ok = Responder::start(
+        &alive.ns,
+        alive.sock_v4(),
+        Mode::Normal {
+            answer_v4: KUBERNETES_IP,
+        },
+    );
+    let f = start(
+        &topo,
+        &[alive.sock_v4()],
+        &[dead.sock_v4(), alive.sock_v4()],
+        &[],
+    );
+    // The rotation puts the silent one first for some of these; each must still be answered
+    // within one per-try budget plus margin, never the client's whole timeout.
+    for i in 0..4 {
+        let r = dig(
+            &topo.node,
+            &[&format!("@{CLUSTER}"), &format!("q{i}.svc.cluster.local")],
+        );
+        assert_eq!(
+            r.answers,
+            vec![KUBERNETES_IP.to_string()],
+            "query {i}: {}",
+            r.raw
+        );
+        assert!(
+            r.elapsed < DEADLINE_WITH_MARGIN,
+            "query {i} took {:?}",
+            r.elapsed
+        );
+    }
+    assert!(silent.queries() >= 1, "the silent upstream was tried");
+    assert!(
+        f.logs().contains("timed out"),
+        "a warning names the silent upstream: {}",
+        f.logs()
+    );
+}
+
+#[test]
+fn every_upstream_silent_gives_servfail_before_the_client_gives_up() {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let a = topo.add_upstream_ns(true, false);
+    let b = topo.add_upstream_ns(true, false);
+    let sa = Responder::start(&a.ns, a.sock_v4(), Mode::Silent);
+    let sb = Responder::start(&b.ns, b.sock_v4(), Mode::Silent);
+    let _f = start(
+        &topo,
+        &[a.sock_v4(), b.sock_v4()],
+        &[a.sock_v4(), b.sock_v4()],
+        &[],
+    );
+    for l in [NODE, CLUSTER] {
+        let r = dig(&topo.node, &[&format!("@{l}"), "www.example.com"]);
+        assert_eq!(r.status, "SERVFAIL", "{l}: {}", r.raw);
+        assert!(
+            r.elapsed < DEADLINE_WITH_MARGIN,
+            "{l}: SERVFAIL after {:?}",
+            r.elapsed
+        );
+        assert!(r.elapsed < CLIENT_TIMEOUT);
+    }
+    assert!(
+        sa.queries() >= 1 && sb.queries() >= 1,
+        "both upstreams were tried"
+    );
+}
+
+#[test]
+fn spoofed_replies_are_ignored_and_the_real_answer_wins() {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let forged = Ipv4Addr::new(6, 6, 6, 6);
+    let _r = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Spoof {
+            answer_v4: KUBERNETES_IP,
+            forged_v4: forged,
+            alt_src: up.alt_v4.map(IpAddr::V4),
+        },
+    );
+    let _f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    for i in 0..10 {
+        let name = format!("Spoof{i}.Example.COM");
+        let r = dig(&topo.node, &[&format!("@{NODE}"), &name]);
+        assert_eq!(r.status, "NOERROR", "{}", r.raw);
+        assert_eq!(
+            r.answers,
+            vec![KUBERNETES_IP.to_string()],
+            "query {i}: {}",
+            r.raw
+        );
+        assert!(
+            r.raw.contains(&format!(";{name}.")),
+            "question case restored: {}",
+            r.raw
+        );
+    }
+}
+
+#[test]
+fn an_ipv6_upstream_works() {
+    require_root_and_tools(&["ip", "dig", "dnsmasq"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(false, true);
+    let _d = Dnsmasq::start(
+        &up.ns,
+        up.v6.unwrap().into(),
+        &[(KUBERNETES, IpAddr::V4(KUBERNETES_IP))],
+    );
+    let _f = start(&topo, &[up.sock_v6()], &[up.sock_v6()], &[]);
+    for l in [NODE, CLUSTER] {
+        let r = dig(&topo.node, &[&format!("@{l}"), KUBERNETES]);
+        assert_eq!(r.answers, vec![KUBERNETES_IP.to_string()], "{l}: {}", r.raw);
+        let r = dig(&topo.node, &[&format!("@{l}"), KUBERNETES, "+tcp"]);
+        assert_eq!(
+            r.answers,
+            vec![KUBERNETES_IP.to_string()],
+            "{l} over TCP: {}",
+            r.raw
+        );
+    }
+}
+
+#[test]
+fn the_health_check_name_is_answered_without_any_upstream() {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let nothing = topo.add_upstream_ns(true, false); // no server runs there
+    let _f = start(&topo, &[nothing.sock_v4()], &[nothing.sock_v4()], &[]);
+    for l in [NODE, CLUSTER] {
+        for transport in ["+notcp", "+tcp"] {
+            let r = dig(
+                &topo.node,
+                &[&format!("@{l}"), "health-check.localdns.local", transport],
+            );
+            assert_eq!(r.status, "NOERROR", "{l} {transport}: {}", r.raw);
+            assert!(
+                r.elapsed < Duration::from_secs(1),
+                "{l} {transport}: {:?}",
+                r.elapsed
+            );
+        }
+    }
+    let r = dig(
+        &topo.node,
+        &[&format!("@{NODE}"), "a.b.c.d.internal.cloudapp.net"],
+    );
+    assert_eq!(
+        r.status, "NXDOMAIN",
+        "search-path junk is answered locally: {}",
+        r.raw
+    );
+}
+
+#[test]
+fn sigterm_frees_both_ports_for_the_next_owner_within_100ms() {
+    require_root_and_tools(&["ip"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    let freed = topo.node.enter(|| {
+        f.signal(nix::sys::signal::Signal::SIGTERM);
+        let sent = Instant::now();
+        let mut taken = Vec::new();
+        let mut pending: Vec<(&str, bool)> = vec![
+            (NODE, false),
+            (NODE, true),
+            (CLUSTER, false),
+            (CLUSTER, true),
+        ];
+        while !pending.is_empty() && sent.elapsed() < Duration::from_secs(2) {
+            pending.retain(|(ip, tcp)| {
+                // Bind as a plain server would: no SO_REUSEPORT, so it only works once we let go.
+                let addr = listener(ip);
+                let ok = if *tcp {
+                    std::net::TcpListener::bind(addr)
+                        .map(|s| taken.push(Box::new(s) as Box<dyn Send>))
+                        .is_ok()
+                } else {
+                    std::net::UdpSocket::bind(addr)
+                        .map(|s| taken.push(Box::new(s) as Box<dyn Send>))
+                        .is_ok()
+                };
+                !ok
+            });
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(pending.is_empty(), "still held after 2 s: {pending:?}");
+        sent.elapsed()
+    });
+    assert!(
+        freed < Duration::from_millis(100),
+        "ports freed after {freed:?}"
+    );
+    let status = f
+        .wait_exit(Duration::from_secs(3))
+        .expect("exits after SIGTERM");
+    assert!(
+        status.success(),
+        "exit status {status:?}; logs:\n{}",
+        f.logs()
+    );
+}
+
+#[test]
+fn garbage_from_clients_does_not_stop_service() {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let resp = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Normal {
+            answer_v4: KUBERNETES_IP,
+        },
+    );
+    let f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    let node = listener(NODE);
+    let good = make_query("example.com", RecordType::A, 0x4242, None);
+    let mut response = good.clone();
+    response[2] |= 0x80;
+    let mut two_questions = good.clone();
+    two_questions[5] = 2;
+    let mut pointer_loop = good[..12].to_vec();
+    pointer_loop.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+    let mut long_label = good[..12].to_vec();
+    long_label.push(64);
+    long_label.extend_from_slice(&[b'a'; 70]);
+    long_label.extend_from_slice(&[0, 0, 1, 0, 1]);
+    // Not replied to at all: too short, or response-shaped (never forwarded, never looped).
+    for packet in [vec![], vec![0x12], vec![0u8; 11], response.clone()] {
+        assert_eq!(
+            udp_exchange(&topo.node, node, &packet, Duration::from_millis(300)),
+            None
+        );
+    }
+    // Replied to with FORMERR.
+    for packet in [
+        two_questions,
+        pointer_loop,
+        long_label,
+        good[..good.len() - 2].to_vec(),
+    ] {
+        let reply =
+            udp_exchange(&topo.node, node, &packet, Duration::from_secs(1)).expect("a reply");
+        let msg = parse_message(&reply).expect("a well-formed reply");
+        assert_eq!(msg.response_code(), ResponseCode::FormErr);
+        assert_eq!(msg.id(), 0x4242);
+    }
+    let mut rng_state = 0x1234_5678u32;
+    for _ in 0..2000 {
+        let len = (rng_state % 600) as usize;
+        let packet: Vec<u8> = (0..len)
+            .map(|_| {
+                rng_state ^= rng_state << 13;
+                rng_state ^= rng_state >> 17;
+                rng_state ^= rng_state << 5;
+                rng_state as u8
+            })
+            .collect();
+        udp_send(&topo.node, node, &packet);
+    }
+    assert_eq!(
+        resp.queries(),
+        0,
+        "nothing malformed or response-shaped went upstream"
+    );
+    let r = dig(&topo.node, &[&format!("@{NODE}"), "example.com"]);
+    assert_eq!(r.answers, vec![KUBERNETES_IP.to_string()], "{}", r.raw);
+    assert!(f.is_running());
+}
+
+#[test]
+fn a_garbage_upstream_gives_servfail_not_a_hang() {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let _g = Responder::start(&up.ns, up.sock_v4(), Mode::Garbage);
+    let _f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    for transport in ["+notcp", "+tcp"] {
+        let r = dig(
+            &topo.node,
+            &[&format!("@{CLUSTER}"), "example.com", transport],
+        );
+        assert_eq!(r.status, "SERVFAIL", "{transport}: {}", r.raw);
+        assert!(
+            r.elapsed < DEADLINE_WITH_MARGIN,
+            "{transport}: {:?}",
+            r.elapsed
+        );
+    }
+}
+
+#[test]
+fn tcp_pipelining_idle_timeout_and_connection_cap() {
+    require_root_and_tools(&["ip"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let _r = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Normal {
+            answer_v4: KUBERNETES_IP,
+        },
+    );
+    let _f = start(
+        &topo,
+        &[up.sock_v4()],
+        &[up.sock_v4()],
+        &["--tcp-idle-timeout", "1s", "--max-tcp-connections", "2"],
+    );
+    let cluster = listener(CLUSTER);
+    let frames: Vec<Vec<u8>> = (0..5)
+        .map(|i| make_query(&format!("p{i}.example"), RecordType::A, 100 + i, None))
+        .collect();
+    let replies = tcp_exchange(&topo.node, cluster, &frames, Duration::from_secs(3));
+    let mut ids: Vec<u16> = replies
+        .iter()
+        .map(|r| parse_message(r).expect("reply parses").id())
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        vec![100, 101, 102, 103, 104],
+        "five pipelined queries, five answers"
+    );
+
+    topo.node.enter(|| {
+        use std::io::Read;
+        // Two idle connections fill the cap; a third is closed at once.
+        let a = std::net::TcpStream::connect(cluster).unwrap();
+        let b = std::net::TcpStream::connect(cluster).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut c = std::net::TcpStream::connect(cluster).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(c.read(&mut buf).ok(), Some(0), "over the cap: closed");
+        // The idle ones are closed after the idle timeout (1 s), freeing the slots.
+        for mut s in [a, b] {
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let started = Instant::now();
+            assert_eq!(s.read(&mut buf).ok(), Some(0), "idle connection closed");
+            assert!(started.elapsed() < Duration::from_millis(2500));
+        }
+    });
+    let replies = tcp_exchange(&topo.node, cluster, &frames[..1], Duration::from_secs(2));
+    assert_eq!(replies.len(), 1, "slots are free again");
+}
+
+#[test]
+fn binding_waits_for_a_busy_port() {
+    require_root_and_tools(&["ip"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    // Something (an orphaned CoreDNS) holds the node listener's UDP port for a moment.
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let path = topo.node.path();
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(path).unwrap();
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let socket = std::net::UdpSocket::bind(listener(NODE)).unwrap();
+            let _ = held.recv_timeout(Duration::from_secs(10));
+            drop(socket);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let f = Forwarder::spawn(&topo.node, &args(&[up.sock_v4()], &[up.sock_v4()], &[]));
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(f.is_running(), "still retrying, not failed: {}", f.logs());
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    f.wait_ready(&topo.node, listener(NODE), Duration::from_secs(5));
+}
+
+#[test]
+fn a_port_busy_for_longer_than_the_bind_timeout_is_a_clear_error() {
+    require_root_and_tools(&["ip"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let f = topo.node.enter(|| {
+        let _held = std::net::TcpListener::bind(listener(CLUSTER)).unwrap();
+        let f = Forwarder::spawn(
+            &topo.node,
+            &args(
+                &[up.sock_v4()],
+                &[up.sock_v4()],
+                &["--bind-timeout", "300ms"],
+            ),
+        );
+        let status = f.wait_exit(Duration::from_secs(5)).expect("gives up");
+        assert_eq!(status.code(), Some(1));
+        f
+    });
+    assert!(
+        f.logs().contains("cannot bind 169.254.10.11:53"),
+        "{}",
+        f.logs()
+    );
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs the Debian packages the tests use, checks format and
+# lints, then runs the unit tests and the integration tests (which need root: they build network
+# namespaces and run real DNS servers and clients in them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ $(id -u) -ne 0 ]]; then
+    echo "tests/run.sh: the integration tests build network namespaces; run as root" >&2
+    exit 1
+fi
+
+# dig (bind9-dnsutils), kdig (knot-dnsutils), dnsmasq and unbound are the real clients and servers
+# the tests talk to; iproute2 builds the namespaces.
+packages=(bind9-dnsutils knot-dnsutils dnsmasq-base unbound iproute2 procps)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cargo fmt --check
+cargo clippy --all-targets --locked -- -D warnings
+
+if cargo nextest --version >/dev/null 2>&1; then
+    # A process per test: each test's namespaces, servers and forwarder are its own.
+    cargo nextest run --locked --no-fail-fast --test-threads 4 "$@"
+else
+    cargo test --locked --no-fail-fast "$@"
+fi
