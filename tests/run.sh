@@ -20,6 +20,12 @@ done
 if ((${#missing[@]})); then
     echo "installing: ${missing[*]}"
     apt-get update -qq
+    # Install without starting the packages' own services (unbound would take port 53 on the
+    # host): policy-rc.d exit 101 tells invoke-rc.d "not now".
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
