@@ -13,6 +13,7 @@
 //! namespaces against real DNS servers and real clients.
 
 pub mod cli;
+pub mod discover;
 pub mod forward;
 pub mod listen;
 pub mod server;
