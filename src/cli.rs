@@ -4,23 +4,36 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use crate::discover::{self, ServiceName, Source};
 use crate::wire;
 
 pub const USAGE: &str = "\
 localdns-fallback: the DNS forwarder of last resort for an AKS node whose LocalDNS has failed.
 
 USAGE:
-    localdns-fallback [FLAGS]
+    localdns-fallback [FLAGS]                  serve
+    localdns-fallback discover [--json] [FLAGS]  print the upstreams it would use, then exit
 
 Serves the node listener (--node-listen) and the cluster listener (--cluster-listen) over UDP and
 TCP. The cluster listener relays every name to the kube-dns servers; the node listener relays
 names under --cluster-domain to the kube-dns servers and every other name to the VNet DNS servers.
+Upstreams not given by flags are discovered from the node and followed while serving: the VNet DNS
+from --resolv-conf, kube-dns backends from kube-proxy's rules or Cilium.
 
 FLAGS:
     --node-listen ADDR          node listener [default: 169.254.10.10:53]
     --cluster-listen ADDR       cluster listener [default: 169.254.10.11:53]
     --node-upstream ADDR        a VNet DNS server; repeat for several (IP, IP:PORT or [IPv6]:PORT)
-    --cluster-upstream ADDR     a kube-dns server; repeat for several
+                                [default: discovered from --resolv-conf]
+    --cluster-upstream ADDR     a kube-dns server; repeat for several [default: discovered]
+    --resolv-conf PATH          where the VNet DNS servers are listed
+                                [default: /run/systemd/resolve/resolv.conf]
+    --discovery LIST            where to look for kube-dns, in order, comma-separated, or none
+                                [default: iptables,nftables,ipvs,cilium,cluster-ip]
+    --kube-dns-service NS/NAME  the service whose backends are kube-dns [default: kube-system/kube-dns]
+    --cluster-ip IP             the kube-dns ClusterIP, for ipvs and as the last resort
+    --cilium-socket PATH        the Cilium agent's API socket [default: /var/run/cilium/cilium.sock]
+    --rediscover-interval DUR   how often to look for kube-dns again [default: 5s]
     --cluster-domain NAME       names under it on the node listener go to kube-dns [default: cluster.local]
     --upstream-timeout DUR      budget for one try at one upstream [default: 1s]
     --query-timeout DUR         budget for a whole query; SERVFAIL after it [default: 2500ms]
@@ -30,6 +43,7 @@ FLAGS:
     --upstream-sockets N        UDP sockets (random source ports) per listener and family [default: 8]
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
     --log-level LEVEL           error, warn, info, debug or trace [default: info]
+    --json                      with discover: print JSON
     -h, --help                  print this help
     -V, --version               print the version
 
@@ -54,6 +68,8 @@ pub struct Config {
     pub upstream_sockets: usize,
     pub bind_timeout: Duration,
     pub log_level: tracing::Level,
+    /// Where to look for upstreams not given by flags.
+    pub discovery: discover::Settings,
 }
 
 impl Default for Config {
@@ -76,6 +92,7 @@ impl Default for Config {
             upstream_sockets: 8,
             bind_timeout: Duration::from_secs(10),
             log_level: tracing::Level::INFO,
+            discovery: discover::Settings::default(),
         }
     }
 }
@@ -84,6 +101,11 @@ impl Default for Config {
 #[derive(Debug)]
 pub enum Command {
     Run(Box<Config>),
+    /// Print what discovery finds and exit.
+    Discover {
+        config: Box<Config>,
+        json: bool,
+    },
     Help,
     Version,
 }
@@ -91,7 +113,9 @@ pub enum Command {
 /// Parses the arguments after the program name. Errors are one sentence naming the bad value.
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String> {
     let mut config = Config::default();
-    let mut args = args.into_iter();
+    let mut args = args.into_iter().peekable();
+    let discover = args.next_if(|a| a == "discover").is_some();
+    let mut json = false;
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
@@ -100,6 +124,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
         match flag.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
             "-V" | "--version" => return Ok(Command::Version),
+            "--json" if discover => {
+                json = true;
+                continue;
+            }
             _ => {}
         }
         let mut value = || {
@@ -130,6 +158,23 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
                 config.upstream_sockets = parse_count(&flag, &value()?, 1, 256)?
             }
             "--bind-timeout" => config.bind_timeout = parse_duration(&flag, &value()?)?,
+            "--resolv-conf" => config.discovery.resolv_conf = value()?.into(),
+            "--discovery" => {
+                config.discovery.sources =
+                    Source::parse_list(&value()?).map_err(|e| format!("--discovery: {e}"))?
+            }
+            "--kube-dns-service" => config.discovery.service = parse_service(&value()?)?,
+            "--cluster-ip" => {
+                let v = value()?;
+                config.discovery.cluster_ip = Some(
+                    v.parse()
+                        .map_err(|_| format!("--cluster-ip {v:?}: expected an IP address"))?,
+                )
+            }
+            "--cilium-socket" => config.discovery.cilium_socket = value()?.into(),
+            "--rediscover-interval" => {
+                config.discovery.interval = parse_duration(&flag, &value()?)?
+            }
             "--log-level" => {
                 let v = value()?;
                 config.log_level = v.parse().map_err(|_| {
@@ -140,7 +185,25 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
         }
     }
     check(&config)?;
+    if discover {
+        return Ok(Command::Discover {
+            config: Box::new(config),
+            json,
+        });
+    }
     Ok(Command::Run(Box::new(config)))
+}
+
+fn parse_service(s: &str) -> Result<ServiceName, String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(ServiceName {
+                namespace: ns.into(),
+                name: name.into(),
+            })
+        }
+        _ => Err(format!("--kube-dns-service {s:?}: expected NAMESPACE/NAME")),
+    }
 }
 
 fn check(c: &Config) -> Result<(), String> {
@@ -154,19 +217,6 @@ fn check(c: &Config) -> Result<(), String> {
         return Err(format!(
             "--node-listen and --cluster-listen are both {}",
             c.node_listen
-        ));
-    }
-    // Discovery is not built yet: without upstreams a listener could only ever answer SERVFAIL.
-    if c.node_upstreams.is_empty() {
-        return Err(format!(
-            "no --node-upstream given: the node listener {} would have no VNet DNS server to ask",
-            c.node_listen
-        ));
-    }
-    if c.cluster_upstreams.is_empty() {
-        return Err(format!(
-            "no --cluster-upstream given: the cluster listener {} would have no kube-dns server to ask",
-            c.cluster_listen
         ));
     }
     for listen in [c.node_listen, c.cluster_listen] {
@@ -294,11 +344,52 @@ mod tests {
     }
 
     #[test]
-    fn upstreams_are_required_until_discovery_exists() {
-        let e = parse(["--cluster-upstream".to_string(), "198.18.0.2".into()]).unwrap_err();
-        assert!(e.contains("--node-upstream"), "{e}");
-        let e = parse(["--node-upstream".to_string(), "198.18.0.2".into()]).unwrap_err();
-        assert!(e.contains("--cluster-upstream"), "{e}");
+    fn discovery_flags() {
+        let c = run(&[
+            "--resolv-conf",
+            "/tmp/r",
+            "--discovery",
+            "cilium,cluster-ip",
+            "--kube-dns-service",
+            "dns/coredns",
+            "--cluster-ip",
+            "10.0.0.10",
+            "--cilium-socket",
+            "/tmp/c.sock",
+            "--rediscover-interval",
+            "2s",
+        ])
+        .unwrap();
+        let d = &c.discovery;
+        assert_eq!(d.resolv_conf, std::path::Path::new("/tmp/r"));
+        assert_eq!(d.sources, [Source::Cilium, Source::ClusterIp]);
+        assert_eq!(d.service.to_string(), "dns/coredns");
+        assert_eq!(d.cluster_ip, Some("10.0.0.10".parse().unwrap()));
+        assert_eq!(d.interval, Duration::from_secs(2));
+        let err = |a: &[&str]| run(a).unwrap_err();
+        assert!(err(&["--kube-dns-service", "kube-dns"]).contains("NAMESPACE/NAME"));
+        assert!(err(&["--discovery", "magic"]).contains("\"magic\""));
+        assert!(err(&["--cluster-ip", "ten"]).contains("--cluster-ip"));
+        assert!(
+            err(&["--json"]).contains("unknown argument"),
+            "--json belongs to discover"
+        );
+    }
+
+    #[test]
+    fn the_discover_subcommand() {
+        let args = ["discover", "--json", "--discovery", "none"].map(String::from);
+        match parse(args).unwrap() {
+            Command::Discover { json, config } => {
+                assert!(json);
+                assert!(config.discovery.sources.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(parse(Vec::<String>::new()).unwrap(), Command::Run(_)),
+            "no upstream flags: discover them"
+        );
     }
 
     #[test]

@@ -491,6 +491,8 @@ pub async fn serve_udp(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
+    // A closed channel would make `changed()` ready forever; stop watching it then.
+    let mut groups_open = true;
     let mut sink = |dest: Dest, bytes: &[u8]| -> io::Result<()> {
         match dest {
             Dest::Client(to) => listener.try_send_to(bytes, to).map(drop),
@@ -501,7 +503,7 @@ pub async fn serve_udp(
         if *stop.borrow() {
             return;
         }
-        if groups.has_changed().unwrap_or(false) {
+        if groups_open && groups.has_changed().unwrap_or(false) {
             relay.set_groups(groups.borrow_and_update().clone());
         }
         let mut busy = false;
@@ -553,7 +555,11 @@ pub async fn serve_udp(
             _ = readable => {}
             _ = tokio::time::sleep_until(wake_at) => {}
             _ = stop.changed() => {}
-            _ = groups.changed() => {}
+            // `changed()` marks the new set as seen, so take it here or it is missed.
+            changed = groups.changed(), if groups_open => match changed {
+                Ok(()) => relay.set_groups(groups.borrow_and_update().clone()),
+                Err(_) => groups_open = false,
+            },
         }
     }
 }

@@ -7,9 +7,10 @@
 //! - [`forward`]: the forwarding path, UDP and TCP: routing, relaying, retries, SERVFAIL.
 //! - [`upstream`]: upstream groups and their passive health (who is tried next).
 //! - [`wire`]: DNS wire-format checks and edits on packet bytes, without a full parse.
+//! - [`discover`]: upstreams from the node's own state, one file per source, and following them.
 //!
-//! `forward`, `upstream` and `wire` decide; they own no sockets and read no clock, so their unit
-//! tests run without a network. The integration tests in `tests/` run the real binary in network
+//! `forward`, `upstream`, `wire` and the discovery parsers decide; they own no sockets and read no
+//! clock, so their unit tests run without a network. The integration tests in `tests/` run the real binary in network
 //! namespaces against real DNS servers and real clients.
 
 pub mod cli;

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use localdns_fallback::cli::{self, Command};
-use localdns_fallback::server;
+use localdns_fallback::{discover, server};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
@@ -14,6 +14,19 @@ fn main() -> ExitCode {
         Ok(Command::Help) => {
             println!("{}", cli::USAGE);
             return ExitCode::SUCCESS;
+        }
+        Ok(Command::Discover { config, json }) => {
+            let report = discover::report::gather(&config);
+            if json {
+                println!("{}", discover::report::json(&config, &report));
+            } else {
+                print!("{}", discover::report::text(&config, &report));
+            }
+            return if report.complete() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
         }
         Ok(Command::Version) => {
             println!("localdns-fallback {}", env!("CARGO_PKG_VERSION"));

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::cli::Config;
+use crate::discover::follow::{self, Owned};
 use crate::forward::{self, Groups, Listener, TcpContext, UdpRelay};
 use crate::listen;
 use crate::upstream::Upstreams;
@@ -17,6 +18,9 @@ use crate::upstream::Upstreams;
 /// How long queries already read may take to finish after the listeners close (TCP clients in
 /// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
 const DRAIN: Duration = Duration::from_secs(1);
+/// How long the first look for upstreams may hold back serving. Queries meanwhile wait in the
+/// bound sockets' buffers; a slower look finishes in the background while we serve.
+const FIRST_LOOK: Duration = Duration::from_secs(3);
 
 /// Serves until `shutdown` completes, then stops cleanly.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
@@ -25,8 +29,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         node: Arc::new(Upstreams::new(config.node_upstreams.clone())),
         cluster: Arc::new(Upstreams::new(config.cluster_upstreams.clone())),
     });
-    // Discovery will publish new upstream sets here; workers pick them up between datagrams.
-    let (_publish_groups, groups_rx) = watch::channel(groups.clone());
+    // Discovery publishes new upstream sets here; workers pick them up between datagrams.
+    let (publish, groups_rx) = watch::channel(groups);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
 
@@ -35,12 +39,39 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         listen::bind_listener(config.cluster_listen, config.bind_timeout),
     )?;
 
+    let owned = Owned {
+        node: config.node_upstreams.is_empty(),
+        cluster: config.cluster_upstreams.is_empty(),
+    };
     let mut tasks = Vec::new();
+    let mut _publish_kept = None;
+    if owned.node || owned.cluster {
+        let (first_tx, first_rx) = oneshot::channel();
+        let listeners = vec![config.node_listen.ip(), config.cluster_listen.ip()];
+        tasks.push(tokio::spawn(follow::follow(
+            config.discovery.clone(),
+            owned,
+            listeners,
+            publish,
+            first_tx,
+            stop_rx.clone(),
+        )));
+        if tokio::time::timeout(FIRST_LOOK, first_rx).await.is_err() {
+            tracing::warn!(
+                "the first look for upstreams takes over {FIRST_LOOK:?}; serving meanwhile"
+            );
+        }
+    } else {
+        // Nothing to discover; the sender stays alive so receivers never see a closed channel.
+        _publish_kept = Some(publish);
+    }
+    let groups = groups_rx.borrow().clone();
+
     for (listener, bound, addr) in [
         (Listener::Node, node, config.node_listen),
         (Listener::Cluster, cluster, config.cluster_listen),
     ] {
-        let (v4, v6) = upstream_pool(&config, &groups, listener);
+        let (v4, v6) = upstream_pool(&config, &groups, listener, owned);
         let (v4_count, v6_count) = (v4.len(), v6.len());
         let relay = UdpRelay::new(listener, &config, groups.clone(), v4_count, v6_count);
         log_listener(listener, addr, &groups, &config, &bound.udp);
@@ -81,11 +112,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 }
 
 /// The upstream sockets of one listener: `--upstream-sockets` per address family that its groups
-/// use. An IPv6 pool that cannot be created (IPv6 disabled on the node) is logged and left empty.
+/// may use. An IPv6 pool that cannot be created (IPv6 disabled on the node) is logged and left empty.
 fn upstream_pool(
     config: &Config,
     groups: &Groups,
     listener: Listener,
+    owned: Owned,
 ) -> (Vec<UdpSocket>, Vec<UdpSocket>) {
     let mut addrs: Vec<SocketAddr> = groups.cluster.addrs().to_vec();
     if listener == Listener::Node {
@@ -103,7 +135,8 @@ fn upstream_pool(
             .collect()
     };
     let v4 = make(false);
-    let v6 = if addrs.iter().any(SocketAddr::is_ipv6) {
+    // Discovered upstreams may turn out to be IPv6 later, so discovery always gets an IPv6 pool.
+    let v6 = if owned.node || owned.cluster || addrs.iter().any(SocketAddr::is_ipv6) {
         make(true)
     } else {
         Vec::new()

@@ -42,6 +42,8 @@ pub struct Upstreams {
     epoch: Instant,
     /// Rotates the first choice so load spreads over the kube-dns replicas.
     cursor: AtomicUsize,
+    /// Failures of any server, ever: discovery looks again early when this climbs.
+    failures: AtomicU64,
 }
 
 impl Upstreams {
@@ -54,6 +56,7 @@ impl Upstreams {
             last_warn_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
             cursor: AtomicUsize::new(0),
+            failures: AtomicU64::new(0),
         }
     }
 
@@ -90,6 +93,22 @@ impl Upstreams {
         Some(self.addrs[(start + tried.len()) % n])
     }
 
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Same servers, whatever the order? (Sources may list backends in another order each time;
+    /// that is not a change worth a swap and a log line.)
+    pub fn same_servers(&self, other: &[SocketAddr]) -> bool {
+        let mut a = self.addrs.clone();
+        let mut b = other.to_vec();
+        a.sort();
+        a.dedup();
+        b.sort();
+        b.dedup();
+        a == b
+    }
+
     fn index(&self, addr: SocketAddr) -> Option<usize> {
         self.addrs.iter().position(|a| *a == addr)
     }
@@ -108,6 +127,7 @@ impl Upstreams {
     /// once per `WARN_EVERY` per server.
     pub fn note_failure(&self, addr: SocketAddr, group: Group, why: &str) {
         let Some(i) = self.index(addr) else { return };
+        self.failures.fetch_add(1, Ordering::Relaxed);
         self.suspect[i].store(true, Ordering::Relaxed);
         let missed = self.timeouts[i].fetch_add(1, Ordering::Relaxed) + 1;
         let now_ms = self.epoch.elapsed().as_millis() as u64 + 1;

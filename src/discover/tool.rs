@@ -60,8 +60,16 @@ mod tests {
 
     #[test]
     fn reports_missing_failing_and_slow_tools() {
-        assert!(run("no-such-tool-here", &[], TOOL_TIMEOUT).unwrap_err().contains("not installed"));
-        assert!(run("false", &[], TOOL_TIMEOUT).unwrap_err().contains("failed"));
+        assert!(
+            run("no-such-tool-here", &[], TOOL_TIMEOUT)
+                .unwrap_err()
+                .contains("not installed")
+        );
+        assert!(
+            run("false", &[], TOOL_TIMEOUT)
+                .unwrap_err()
+                .contains("failed")
+        );
         let slow = run("sleep", &["5"], Duration::from_millis(100)).unwrap_err();
         assert!(slow.contains("did not finish"), "{slow}");
         assert_eq!(run("echo", &["hi"], TOOL_TIMEOUT).unwrap(), "hi\n");

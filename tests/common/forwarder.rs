@@ -34,6 +34,13 @@ impl Forwarder {
     /// As [`Forwarder::spawn`], with extra environment variables (e.g.
     /// `("RUST_LOG", "debug")`).
     pub fn spawn_with_env(ns: &Netns, args: &[String], env: &[(&str, &str)]) -> Forwarder {
+        // Network rule: the forwarder must never discover the VNet DNS from the host's own
+        // resolv.conf (it names this machine's real DNS servers).
+        assert!(
+            args.iter()
+                .any(|a| a == "--node-upstream" || a == "--resolv-conf"),
+            "a test forwarder needs --node-upstream or --resolv-conf: {args:?}"
+        );
         let mut cmd = ns.exec(forwarder_binary(), args);
         cmd.envs(env.iter().copied());
         let (child, log) = spawn_logged(cmd, "localdns-fallback");

@@ -1,0 +1,154 @@
+//! `localdns-fallback discover`: what the daemon would use, for the operator, as text or JSON.
+
+use std::fmt::Write;
+use std::net::{IpAddr, SocketAddr};
+
+use super::{explain, find_kube_dns, resolv_conf};
+use crate::cli::Config;
+
+/// One group's upstreams, where they came from, and why there are none if so.
+#[derive(Debug)]
+pub struct Found {
+    pub upstreams: Vec<SocketAddr>,
+    pub source: String,
+    pub problem: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Report {
+    pub vnet_dns: Found,
+    pub kube_dns: Found,
+    pub cluster_ip: Option<IpAddr>,
+}
+
+impl Report {
+    /// Both listeners have somewhere to send queries.
+    pub fn complete(&self) -> bool {
+        !self.vnet_dns.upstreams.is_empty() && !self.kube_dns.upstreams.is_empty()
+    }
+}
+
+/// Looks once, as the daemon does at start. Blocking: runs the node's tools.
+pub fn gather(config: &Config) -> Report {
+    let d = &config.discovery;
+    let vnet_dns = if !config.node_upstreams.is_empty() {
+        Found {
+            upstreams: config.node_upstreams.clone(),
+            source: "--node-upstream".into(),
+            problem: None,
+        }
+    } else {
+        let source = format!("resolv.conf {}", d.resolv_conf.display());
+        match resolv_conf::read(
+            &d.resolv_conf,
+            &[config.node_listen.ip(), config.cluster_listen.ip()],
+        ) {
+            Ok(upstreams) if upstreams.is_empty() => Found {
+                upstreams,
+                problem: Some(format!(
+                    "{} lists no VNet DNS server",
+                    d.resolv_conf.display()
+                )),
+                source,
+            },
+            Ok(upstreams) => Found {
+                upstreams,
+                source,
+                problem: None,
+            },
+            Err(e) => Found {
+                upstreams: Vec::new(),
+                source,
+                problem: Some(e),
+            },
+        }
+    };
+    let (kube_dns, cluster_ip) = if !config.cluster_upstreams.is_empty() {
+        let f = Found {
+            upstreams: config.cluster_upstreams.clone(),
+            source: "--cluster-upstream".into(),
+            problem: None,
+        };
+        (f, d.cluster_ip)
+    } else {
+        let finding = find_kube_dns(d);
+        let problem = finding.source.is_none().then(|| explain(&finding.notes));
+        let source = finding.source.map_or("none", |s| s.name()).to_string();
+        (
+            Found {
+                upstreams: finding.upstreams,
+                source,
+                problem,
+            },
+            finding.cluster_ip,
+        )
+    };
+    Report {
+        vnet_dns,
+        kube_dns,
+        cluster_ip,
+    }
+}
+
+fn line(out: &mut String, label: &str, found: &Found) {
+    let servers: Vec<String> = found.upstreams.iter().map(ToString::to_string).collect();
+    match &found.problem {
+        None => {
+            let _ = writeln!(
+                out,
+                "  {label:<40} {}  (from {})",
+                servers.join(" "),
+                found.source
+            );
+        }
+        Some(why) => {
+            let _ = writeln!(out, "  {label:<40} NONE: {why}");
+        }
+    }
+}
+
+pub fn text(config: &Config, r: &Report) -> String {
+    let domain = &config.cluster_domain;
+    let mut out = String::new();
+    let _ = writeln!(out, "node listener {}", config.node_listen);
+    line(
+        &mut out,
+        &format!("VNet DNS (names outside {domain}):"),
+        &r.vnet_dns,
+    );
+    line(
+        &mut out,
+        &format!("kube-dns (names under {domain}):"),
+        &r.kube_dns,
+    );
+    let _ = writeln!(out, "cluster listener {}", config.cluster_listen);
+    line(&mut out, "kube-dns (every name):", &r.kube_dns);
+    if let Some(ip) = r.cluster_ip {
+        let _ = writeln!(out, "kube-dns ClusterIP {ip}");
+    }
+    out
+}
+
+pub fn json(config: &Config, r: &Report) -> String {
+    let group = |f: &Found| {
+        serde_json::json!({
+            "upstreams": f.upstreams.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "source": f.source,
+            "problem": f.problem,
+        })
+    };
+    let doc = serde_json::json!({
+        "node_listener": {
+            "address": config.node_listen.to_string(),
+            "vnet_dns": group(&r.vnet_dns),
+            "kube_dns": group(&r.kube_dns),
+        },
+        "cluster_listener": {
+            "address": config.cluster_listen.to_string(),
+            "kube_dns": group(&r.kube_dns),
+        },
+        "cluster_ip": r.cluster_ip.map(|ip| ip.to_string()),
+        "complete": r.complete(),
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}

@@ -1,0 +1,447 @@
+//! Discovery against real node state: kube-proxy-shaped rules loaded with the real `iptables` into a
+//! test namespace, resolv.conf files rewritten under a running daemon, and the daemon following a
+//! kube-dns backend that moves. Rules are never hooked into a base chain (nothing is translated)
+//! and live only in the test's own namespace.
+
+mod common;
+
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::*;
+use localdns_fallback::discover::{KubeDns, ServiceName, iptables};
+
+const KUBE_DNS_SVC_UDP: &str = "KUBE-SVC-TCOU7JCQXEZGVUNU";
+const KUBE_DNS_SVC_TCP: &str = "KUBE-SVC-ERIFXISQEP7F7OF4";
+
+/// An `iptables-restore` nat table shaped as kube-proxy writes it: `unrelated` other services,
+/// kube-dns's `dns` (udp) and `dns-tcp` (tcp) ports spread over `endpoints` with statistic rules.
+fn kube_proxy_nat(endpoints: &[SocketAddr], unrelated: usize) -> String {
+    let mut t = String::from(
+        "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-NODEPORTS - [0:0]\n",
+    );
+    let mut rules = String::new();
+    let mut chains = String::new();
+    for i in 0..unrelated {
+        let (svc, sep) = (format!("KUBE-SVC-U{i:015}"), format!("KUBE-SEP-U{i:015}"));
+        let ip = Ipv4Addr::from(0x0a00_1000 + i as u32);
+        let pod = Ipv4Addr::from(0x0af4_0000 + i as u32);
+        let _ = writeln!(chains, ":{svc} - [0:0]\n:{sep} - [0:0]");
+        let _ = writeln!(
+            rules,
+            "-A KUBE-SERVICES -d {ip}/32 -p tcp -m comment --comment \"ns{i}/web{i}:http cluster IP\" -m tcp --dport 80 -j {svc}\n\
+             -A {svc} -m comment --comment \"ns{i}/web{i}:http -> {pod}:8080\" -j {sep}\n\
+             -A {sep} -p tcp -m comment --comment \"ns{i}/web{i}:http\" -m tcp -j DNAT --to-destination {pod}:8080"
+        );
+        if i == unrelated / 2 {
+            kube_dns_rules(endpoints, &mut chains, &mut rules);
+        }
+    }
+    if unrelated == 0 {
+        kube_dns_rules(endpoints, &mut chains, &mut rules);
+    }
+    t.push_str(&chains);
+    t.push_str(&rules);
+    t.push_str("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\nCOMMIT\n");
+    t
+}
+
+fn kube_dns_rules(endpoints: &[SocketAddr], chains: &mut String, rules: &mut String) {
+    for (port, proto, svc) in [
+        ("dns", "udp", KUBE_DNS_SVC_UDP),
+        ("dns-tcp", "tcp", KUBE_DNS_SVC_TCP),
+    ] {
+        let _ = writeln!(chains, ":{svc} - [0:0]");
+        let _ = writeln!(
+            rules,
+            "-A KUBE-SERVICES -d 10.0.0.10/32 -p {proto} -m comment --comment \"kube-system/kube-dns:{port} cluster IP\" -m {proto} --dport 53 -j {svc}\n\
+             -A {svc} ! -s 10.244.0.0/16 -d 10.0.0.10/32 -p {proto} -m comment --comment \"kube-system/kube-dns:{port} cluster IP\" -m {proto} --dport 53 -j KUBE-MARK-MASQ"
+        );
+        for (k, ep) in endpoints.iter().enumerate() {
+            let sep = format!("KUBE-SEP-{}{k:011}", proto.to_uppercase());
+            let _ = writeln!(chains, ":{sep} - [0:0]");
+            let left = endpoints.len() - k;
+            let spread = if left > 1 {
+                format!(
+                    "-m statistic --mode random --probability {:.11} ",
+                    1.0 / left as f64
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                rules,
+                "-A {svc} -m comment --comment \"kube-system/kube-dns:{port} -> {ep}\" {spread}-j {sep}\n\
+                 -A {sep} -s {ip}/32 -m comment --comment \"kube-system/kube-dns:{port}\" -j KUBE-MARK-MASQ\n\
+                 -A {sep} -p {proto} -m comment --comment \"kube-system/kube-dns:{port}\" -m {proto} -j DNAT --to-destination {ep}",
+                ip = ep.ip()
+            );
+        }
+    }
+}
+
+fn load_nat(ns: &Netns, table: &str) {
+    let dir = TempDir::new("nat");
+    let file = dir.path().join("nat.rules");
+    std::fs::write(&file, table).unwrap();
+    run_ok(
+        ns.exec("iptables-restore", [file.to_str().unwrap()])
+            .env("LC_ALL", "C"),
+    );
+}
+
+fn eps(list: &[&str]) -> Vec<SocketAddr> {
+    list.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+fn discover_in(ns: &Netns) -> Result<KubeDns, String> {
+    ns.enter(|| iptables::discover(&ServiceName::default(), false))
+}
+
+#[test]
+fn iptables_rules_with_one_two_and_three_endpoints() {
+    require_root_and_tools(&["ip", "iptables", "iptables-restore"]);
+    let ns = Netns::new("ipt");
+    for list in [
+        &["10.244.0.5:53"][..],
+        &["10.244.0.5:53", "10.244.1.7:53"],
+        &["10.244.0.5:53", "10.244.1.7:53", "10.244.2.9:53"],
+    ] {
+        load_nat(&ns, &kube_proxy_nat(&eps(list), 20));
+        let found = discover_in(&ns).expect("iptables works here");
+        assert_eq!(found.udp, eps(list), "udp backends, in rule order");
+        assert_eq!(found.tcp, eps(list), "dns-tcp backends");
+        assert_eq!(found.cluster_ip, Some("10.0.0.10".parse().unwrap()));
+    }
+}
+
+#[test]
+fn iptables_without_kube_dns_or_without_kube_proxy() {
+    require_root_and_tools(&["ip", "iptables", "iptables-restore"]);
+    let ns = Netns::new("ipt");
+    // No KUBE-SERVICES chain at all: kube-proxy is not in iptables mode here.
+    let err = discover_in(&ns).unwrap_err();
+    assert!(err.contains("iptables"), "{err}");
+    // kube-proxy rules, but no kube-dns among them.
+    let mut table = kube_proxy_nat(&[], 5);
+    table = table
+        .lines()
+        .filter(|l| !l.contains("kube-dns"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    load_nat(&ns, &table);
+    assert_eq!(discover_in(&ns).unwrap(), KubeDns::default());
+}
+
+#[test]
+fn iptables_table_of_ten_thousand_services() {
+    require_root_and_tools(&["ip", "iptables", "iptables-restore"]);
+    let ns = Netns::new("ipt");
+    let backends = eps(&["10.244.3.4:53", "10.244.8.1:53"]);
+    load_nat(&ns, &kube_proxy_nat(&backends, 10_000));
+    let found = discover_in(&ns).unwrap();
+    assert_eq!(found.udp, backends);
+}
+
+#[test]
+fn ip6tables_rules_of_an_ipv6_cluster() {
+    require_root_and_tools(&["ip", "ip6tables", "ip6tables-restore"]);
+    let ns = Netns::new("ipt6");
+    let table = r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-TCOU7JCQXEZGVUNU - [0:0]
+:KUBE-SEP-AAAAAAAAAAAAAAAA - [0:0]
+:KUBE-SEP-BBBBBBBBBBBBBBBB - [0:0]
+-A KUBE-SERVICES -d fd00:10:96::a/128 -p udp -m comment --comment "kube-system/kube-dns:dns cluster IP" -m udp --dport 53 -j KUBE-SVC-TCOU7JCQXEZGVUNU
+-A KUBE-SVC-TCOU7JCQXEZGVUNU -m comment --comment "kube-system/kube-dns:dns -> [fd00:10:244::5]:53" -m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-AAAAAAAAAAAAAAAA
+-A KUBE-SVC-TCOU7JCQXEZGVUNU -m comment --comment "kube-system/kube-dns:dns -> [fd00:10:244:1::7]:53" -j KUBE-SEP-BBBBBBBBBBBBBBBB
+-A KUBE-SEP-AAAAAAAAAAAAAAAA -p udp -m comment --comment "kube-system/kube-dns:dns" -m udp -j DNAT --to-destination [fd00:10:244::5]:53
+-A KUBE-SEP-BBBBBBBBBBBBBBBB -p udp -m comment --comment "kube-system/kube-dns:dns" -m udp -j DNAT --to-destination [fd00:10:244:1::7]:53
+COMMIT
+"#;
+    let dir = TempDir::new("nat6");
+    let file = dir.path().join("nat6.rules");
+    std::fs::write(&file, table).unwrap();
+    run_ok(&mut ns.exec("ip6tables-restore", [file.to_str().unwrap()]));
+    let found = ns
+        .enter(|| iptables::discover(&ServiceName::default(), true))
+        .unwrap();
+    assert_eq!(
+        found.udp,
+        eps(&["[fd00:10:244::5]:53", "[fd00:10:244:1::7]:53"])
+    );
+    assert_eq!(found.cluster_ip, Some("fd00:10:96::a".parse().unwrap()));
+}
+
+/// The daemon in a node namespace with no upstream flags: VNet DNS from a resolv.conf the test
+/// rewrites, kube-dns from iptables rules the test rewrites.
+struct Discovering {
+    topo: Topology,
+    resolv: TempDir,
+    fwd: Option<Forwarder>,
+}
+
+impl Discovering {
+    fn new() -> Discovering {
+        require_root_and_tools(&["ip", "iptables", "iptables-restore", "dig"]);
+        Discovering {
+            topo: Topology::new(),
+            resolv: TempDir::new("resolv"),
+            fwd: None,
+        }
+    }
+
+    fn resolv_path(&self) -> String {
+        self.resolv.path().join("resolv.conf").display().to_string()
+    }
+
+    fn write_resolv(&self, text: &str) {
+        // Replace atomically, as systemd-resolved does.
+        let tmp = self.resolv.path().join("resolv.conf.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.resolv_path()).unwrap();
+    }
+
+    fn start(&mut self, extra: &[&str]) {
+        let mut args = vec![
+            "--resolv-conf".to_string(),
+            self.resolv_path(),
+            "--discovery".into(),
+            "iptables".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let f = Forwarder::spawn(&self.topo.node, &args);
+        f.wait_ready(
+            &self.topo.node,
+            "169.254.10.11:53".parse().unwrap(),
+            Duration::from_secs(10),
+        );
+        self.fwd = Some(f);
+    }
+
+    fn dig(&self, listener: &str, name: &str) -> DigResult {
+        dig(&self.topo.node, &[&format!("@{listener}"), name, "+time=3"])
+    }
+}
+
+#[test]
+fn follows_resolv_conf_from_the_startup_race_to_the_real_servers() {
+    let mut d = Discovering::new();
+    let vnet = d.topo.add_upstream_ns(true, false);
+    let _r = Responder::start(
+        &vnet.ns,
+        vnet.sock_v4(),
+        Mode::Normal {
+            answer_v4: Ipv4Addr::new(198, 51, 100, 7),
+        },
+    );
+    // At our start LocalDNS's drop-in is still in place: only its own listener is listed.
+    d.write_resolv(
+        "# managed by systemd-resolved\nnameserver 169.254.10.10\nsearch example.internal\n",
+    );
+    d.start(&[]);
+    let early = d.dig("169.254.10.10", "www.example.com");
+    assert_eq!(
+        early.status, "SERVFAIL",
+        "no VNet DNS yet: fast SERVFAIL, {}",
+        early.raw
+    );
+    assert!(
+        early.elapsed < Duration::from_secs(1),
+        "{:?}",
+        early.elapsed
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    d.write_resolv(&format!(
+        "nameserver {}\nnameserver 127.0.0.53\noptions edns0 trust-ad\n",
+        vnet.v4.unwrap()
+    ));
+    let started = Instant::now();
+    let answered = poll_until(Duration::from_secs(10), || {
+        let r = d.dig("169.254.10.10", "www.example.com");
+        (r.answers == ["198.51.100.7"]).then_some(())
+    });
+    assert!(
+        answered.is_some(),
+        "VNet DNS picked up; logs:\n{}",
+        d.fwd.as_ref().unwrap().logs()
+    );
+    eprintln!("resolv.conf change followed in {:?}", started.elapsed());
+    let logs = d.fwd.as_ref().unwrap().logs();
+    assert!(logs.contains("upstreams changed"), "{logs}");
+    assert_eq!(
+        logs.matches("lists no VNet DNS server").count(),
+        1,
+        "said once: {logs}"
+    );
+    // The file going back to listing only our listener keeps the good server.
+    d.write_resolv("nameserver 169.254.10.10\n");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        d.dig("169.254.10.10", "www.example.com").answers,
+        ["198.51.100.7"]
+    );
+}
+
+#[test]
+fn follows_kube_dns_backends_that_move() {
+    let mut d = Discovering::new();
+    let old = d.topo.add_upstream_ns(true, false);
+    let new = d.topo.add_upstream_ns(true, false);
+    let vnet = d.topo.add_upstream_ns(true, false);
+    let old_answer = Ipv4Addr::new(10, 0, 0, 1);
+    let new_answer = Ipv4Addr::new(10, 0, 0, 2);
+    let old_pod = Responder::start(
+        &old.ns,
+        old.sock_v4(),
+        Mode::Normal {
+            answer_v4: old_answer,
+        },
+    );
+    let _vnet = Responder::start(
+        &vnet.ns,
+        vnet.sock_v4(),
+        Mode::Normal {
+            answer_v4: Ipv4Addr::new(198, 51, 100, 7),
+        },
+    );
+    d.write_resolv(&format!("nameserver {}\n", vnet.v4.unwrap()));
+    load_nat(&d.topo.node, &kube_proxy_nat(&[old.sock_v4()], 50));
+    d.start(&[]);
+    let name = "kubernetes.default.svc.cluster.local";
+    for l in ["169.254.10.11", "169.254.10.10"] {
+        assert_eq!(d.dig(l, name).answers, [old_answer.to_string()], "{l}");
+    }
+
+    // The pod is rescheduled: its replacement comes up elsewhere, kube-proxy rewrites the rules,
+    // the old pod is gone.
+    let _new_pod = Responder::start(
+        &new.ns,
+        new.sock_v4(),
+        Mode::Normal {
+            answer_v4: new_answer,
+        },
+    );
+    load_nat(&d.topo.node, &kube_proxy_nat(&[new.sock_v4()], 50));
+    drop(old_pod);
+    d.topo
+        .node
+        .ip(&format!("link set {} down", old.node_ifname));
+    let changed = Instant::now();
+    let mut failures = 0;
+    let moved = poll_until(Duration::from_secs(10), || {
+        let r = d.dig("169.254.10.11", name);
+        if r.answers == [new_answer.to_string()] {
+            return Some(changed.elapsed());
+        }
+        failures += 1;
+        None
+    });
+    let logs = d.fwd.as_ref().unwrap().logs();
+    let took =
+        moved.unwrap_or_else(|| panic!("still not on the new backend after 10 s; logs:\n{logs}"));
+    eprintln!("followed the backend move in {took:?} ({failures} failed queries meanwhile)");
+    assert!(
+        logs.contains("upstreams changed") && logs.contains("source=\"iptables\""),
+        "{logs}"
+    );
+    // And it stays there.
+    for _ in 0..3 {
+        assert_eq!(
+            d.dig("169.254.10.11", name).answers,
+            [new_answer.to_string()]
+        );
+    }
+}
+
+#[test]
+fn no_backends_anywhere_means_fast_servfail_and_one_explanation() {
+    let mut d = Discovering::new();
+    d.write_resolv("nameserver 169.254.10.10\n");
+    d.start(&["--rediscover-interval", "1s"]);
+    let r = d.dig("169.254.10.11", "kubernetes.default.svc.cluster.local");
+    assert_eq!(r.status, "SERVFAIL", "{}", r.raw);
+    assert!(r.elapsed < Duration::from_secs(1), "{:?}", r.elapsed);
+    std::thread::sleep(Duration::from_millis(2500));
+    let logs = d.fwd.as_ref().unwrap().logs();
+    assert_eq!(
+        logs.matches("no backends of kube-system/kube-dns found")
+            .count(),
+        1,
+        "said once: {logs}"
+    );
+}
+
+#[test]
+fn the_discover_command_reports_what_it_would_use() {
+    let d = Discovering::new();
+    let bin = forwarder_binary();
+    let run = |args: &[&str]| {
+        let out = d.topo.node.exec(bin, args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let resolv = d.resolv_path();
+    d.write_resolv("nameserver 169.254.10.10\n");
+    let (code, text) = run(&["discover", "--resolv-conf", &resolv]);
+    assert_eq!(code, Some(1), "nothing found: {text}");
+    assert!(text.contains("NONE"), "{text}");
+    assert!(text.contains("iptables:"), "says why per source: {text}");
+
+    d.write_resolv("nameserver 198.18.77.1\nnameserver fd00::53\n");
+    load_nat(
+        &d.topo.node,
+        &kube_proxy_nat(&eps(&["10.244.0.5:53", "10.244.1.7:53"]), 10),
+    );
+    let (code, text) = run(&["discover", "--resolv-conf", &resolv]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("198.18.77.1:53 [fd00::53]:53"), "{text}");
+    assert!(
+        text.contains("10.244.0.5:53 10.244.1.7:53  (from iptables)"),
+        "{text}"
+    );
+    assert!(text.contains("ClusterIP 10.0.0.10"), "{text}");
+
+    let (code, json) = run(&["discover", "--json", "--resolv-conf", &resolv]);
+    assert_eq!(code, Some(0));
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["cluster_listener"]["kube_dns"]["source"], "iptables");
+    assert_eq!(
+        doc["cluster_listener"]["kube_dns"]["upstreams"][1],
+        "10.244.1.7:53"
+    );
+    assert_eq!(
+        doc["node_listener"]["vnet_dns"]["upstreams"][0],
+        "198.18.77.1:53"
+    );
+    assert_eq!(doc["cluster_ip"], "10.0.0.10");
+    assert_eq!(doc["complete"], true);
+
+    // Pinning the ClusterIP source and flags that win over discovery.
+    let (code, text) = run(&[
+        "discover",
+        "--resolv-conf",
+        &resolv,
+        "--discovery",
+        "cluster-ip",
+        "--cluster-ip",
+        "10.0.0.10",
+    ]);
+    assert_eq!(code, Some(0));
+    assert!(text.contains("10.0.0.10:53  (from cluster-ip)"), "{text}");
+    let (_, text) = run(&[
+        "discover",
+        "--resolv-conf",
+        &resolv,
+        "--cluster-upstream",
+        "10.9.9.9",
+    ]);
+    assert!(
+        text.contains("10.9.9.9:53  (from --cluster-upstream)"),
+        "{text}"
+    );
+}
