@@ -2,19 +2,20 @@
 # A self-contained demo of the main job, as root on a fresh machine: builds the forwarder, makes a
 # private "node" network namespace with the two LocalDNS listener addresses on a link named
 # `localdns`, a "VNet DNS" namespace (168.63.129.16, answering external names) and a "kube-dns"
-# namespace (a pod IP, answering cluster.local), runs the forwarder in the node namespace and asks
-# both listeners with dig. Everything it makes is removed on exit, also on Ctrl-C or failure.
+# namespace (a pod IP, answering cluster.local). The node namespace gets a resolv.conf naming the
+# VNet DNS and kube-proxy-shaped iptables rules naming the kube-dns pod, so the forwarder finds its
+# upstreams itself, as on a real node. Then both listeners are asked with dig. Everything it makes is removed on exit, also on Ctrl-C or failure.
 # Nothing leaves the namespaces: the host's network is never touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 [[ $(id -u) -eq 0 ]] || { echo "demo: run as root (it creates network namespaces)" >&2; exit 1; }
-for tool in dig dnsmasq ip; do
+for tool in dig dnsmasq ip iptables-restore; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if [[ -n "${missing[*]:-}" ]]; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bind9-dnsutils dnsmasq-base iproute2 >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bind9-dnsutils dnsmasq-base iproute2 iptables >/dev/null
 fi
 
 cargo build --release --locked --quiet
@@ -65,7 +66,26 @@ serve "$vnet" 168.63.129.16 --address=/example.com/93.184.216.34
 serve "$kube" 10.244.0.5 --host-record=kubernetes.default.svc.cluster.local,10.0.0.1 \
     --host-record=kube-dns.kube-system.svc.cluster.local,10.0.0.10 --address=/example.com/93.184.216.34
 
-ip netns exec "$node" "$bin" --node-upstream 168.63.129.16 --cluster-upstream 10.244.0.5 2>"$work/fwd.log" &
+# What the forwarder discovers: systemd-resolved's upstream file, still listing LocalDNS's own
+# address first, and kube-proxy's rules for kube-dns (not hooked into OUTPUT: they only inform).
+printf 'nameserver 169.254.10.10\nnameserver 168.63.129.16\nsearch node.internal.cloudapp.net\n' >"$work/resolv.conf"
+ip netns exec "$node" iptables-restore <<'RULES'
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-TCOU7JCQXEZGVUNU - [0:0]
+:KUBE-SEP-IT2ZTR26TO4XFPTO - [0:0]
+-A KUBE-SERVICES -d 10.0.0.10/32 -p udp -m comment --comment "kube-system/kube-dns:dns cluster IP" -m udp --dport 53 -j KUBE-SVC-TCOU7JCQXEZGVUNU
+-A KUBE-SVC-TCOU7JCQXEZGVUNU -m comment --comment "kube-system/kube-dns:dns -> 10.244.0.5:53" -j KUBE-SEP-IT2ZTR26TO4XFPTO
+-A KUBE-SEP-IT2ZTR26TO4XFPTO -p udp -m comment --comment "kube-system/kube-dns:dns" -m udp -j DNAT --to-destination 10.244.0.5:53
+COMMIT
+RULES
+flags=(--resolv-conf "$work/resolv.conf" --discovery iptables)
+echo "== what it finds on the node"
+echo "\$ localdns-fallback discover"
+ip netns exec "$node" "$bin" discover "${flags[@]}"
+echo
+
+ip netns exec "$node" "$bin" "${flags[@]}" 2>"$work/fwd.log" &
 pids+=($!)
 for _ in $(seq 50); do
     ip netns exec "$node" dig +short +time=1 +tries=1 @169.254.10.11 health-check.localdns.local >/dev/null 2>&1 && break
