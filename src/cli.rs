@@ -42,6 +42,7 @@ FLAGS:
     --tcp-idle-timeout DUR      close a TCP client that sends no full query for this long [default: 10s]
     --upstream-sockets N        UDP sockets (random source ports) per listener and family [default: 8]
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
+    --no-link-setup             do not create the localdns link or add the listener addresses to it
     --log-level LEVEL           error, warn, info, debug or trace [default: info]
     --json                      with discover: print JSON
     -h, --help                  print this help
@@ -67,6 +68,8 @@ pub struct Config {
     pub tcp_idle_timeout: Duration,
     pub upstream_sockets: usize,
     pub bind_timeout: Duration,
+    /// Create link `localdns` and put the listener addresses on it if missing.
+    pub link_setup: bool,
     pub log_level: tracing::Level,
     /// Where to look for upstreams not given by flags.
     pub discovery: discover::Settings,
@@ -91,6 +94,7 @@ impl Default for Config {
             tcp_idle_timeout: Duration::from_secs(10),
             upstream_sockets: 8,
             bind_timeout: Duration::from_secs(10),
+            link_setup: true,
             log_level: tracing::Level::INFO,
             discovery: discover::Settings::default(),
         }
@@ -126,6 +130,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
             "-V" | "--version" => return Ok(Command::Version),
             "--json" if discover => {
                 json = true;
+                continue;
+            }
+            "--no-link-setup" => {
+                config.link_setup = false;
                 continue;
             }
             _ => {}

@@ -26,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::cli::Config;
+use crate::systemd::Heartbeats;
 use crate::upstream::{Group, Upstreams};
 use crate::wire::{self, Reject, rcode};
 
@@ -35,6 +36,8 @@ const MAX_TRIES: usize = 4;
 const BATCH: usize = 64;
 /// Room for the largest datagram UDP can carry: upstream answers are never cut by us.
 const MAX_DATAGRAM: usize = 65535;
+/// Longest an idle UDP loop sleeps before going round (and beating its heartbeat) again.
+const HEARTBEAT_IDLE: Duration = Duration::from_millis(500);
 /// Queries one TCP client connection may have in flight at once (RFC 7766 pipelining).
 const TCP_PIPELINE: usize = 32;
 
@@ -489,6 +492,7 @@ pub async fn serve_udp(
     mut relay: UdpRelay,
     mut groups: watch::Receiver<Arc<Groups>>,
     mut stop: watch::Receiver<bool>,
+    (heartbeats, beat): (Arc<Heartbeats>, usize),
 ) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
     // A closed channel would make `changed()` ready forever; stop watching it then.
@@ -500,6 +504,7 @@ pub async fn serve_udp(
         }
     };
     loop {
+        heartbeats.beat(beat);
         if *stop.borrow() {
             return;
         }
@@ -547,10 +552,12 @@ pub async fn serve_udp(
                 .any(|s| s.poll_recv_ready(cx).is_ready());
             if any { Poll::Ready(()) } else { Poll::Pending }
         });
+        // Wake at least twice a second even when idle, so the heartbeat shows this loop alive.
+        let idle_wake = tokio::time::Instant::now() + HEARTBEAT_IDLE;
         let wake_at = relay
             .next_deadline()
             .map(tokio::time::Instant::from_std)
-            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            .map_or(idle_wake, |t| t.min(idle_wake));
         tokio::select! {
             _ = readable => {}
             _ = tokio::time::sleep_until(wake_at) => {}

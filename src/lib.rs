@@ -4,6 +4,8 @@
 //! - [`cli`]: the flags, which are the whole configuration (no config file by design).
 //! - [`server`]: start-up and shutdown; binds the listeners and starts the workers.
 //! - [`listen`]: socket binding (IP_FREEBIND, bounded retry while a port is busy).
+//! - [`link`]: the `localdns` interface and its addresses, over rtnetlink.
+//! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
 //! - [`forward`]: the forwarding path, UDP and TCP: routing, relaying, retries, SERVFAIL.
 //! - [`upstream`]: upstream groups and their passive health (who is tried next).
 //! - [`wire`]: DNS wire-format checks and edits on packet bytes, without a full parse.
@@ -16,7 +18,9 @@
 pub mod cli;
 pub mod discover;
 pub mod forward;
+pub mod link;
 pub mod listen;
 pub mod server;
+pub mod systemd;
 pub mod upstream;
 pub mod wire;

@@ -2,7 +2,7 @@
 //! the stop signal closes the listeners first, then gives work in flight a moment to finish.
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +12,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use crate::cli::Config;
 use crate::discover::follow::{self, Owned};
 use crate::forward::{self, Groups, Listener, TcpContext, UdpRelay};
-use crate::listen;
+use crate::systemd::{self, Heartbeats, Notifier};
 use crate::upstream::Upstreams;
+use crate::{link, listen};
 
 /// How long queries already read may take to finish after the listeners close (TCP clients in
 /// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
@@ -33,7 +34,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let (publish, groups_rx) = watch::channel(groups);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
+    let notifier = Arc::new(Notifier::from_env());
 
+    if config.link_setup {
+        set_up_link(&config)?;
+    }
     let (node, cluster) = tokio::try_join!(
         listen::bind_listener(config.node_listen, config.bind_timeout),
         listen::bind_listener(config.cluster_listen, config.bind_timeout),
@@ -66,11 +71,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         _publish_kept = Some(publish);
     }
     let groups = groups_rx.borrow().clone();
+    let heartbeats = Heartbeats::new(2);
 
-    for (listener, bound, addr) in [
+    for (beat, (listener, bound, addr)) in [
         (Listener::Node, node, config.node_listen),
         (Listener::Cluster, cluster, config.cluster_listen),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let (v4, v6) = upstream_pool(&config, &groups, listener, owned);
         let (v4_count, v6_count) = (v4.len(), v6.len());
         let relay = UdpRelay::new(listener, &config, groups.clone(), v4_count, v6_count);
@@ -82,6 +91,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             relay,
             groups_rx.clone(),
             stop_rx.clone(),
+            (heartbeats.clone(), beat),
         )));
         let ctx = Arc::new(TcpContext {
             listener,
@@ -97,9 +107,28 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         )));
     }
     tracing::info!("ready");
+    notifier.notify("READY=1");
+    let status = tokio::spawn(keep_status(
+        notifier.clone(),
+        config.clone(),
+        groups_rx.clone(),
+    ));
+    let watchdog = Notifier::watchdog_timeout().map(|timeout| {
+        tracing::info!(?timeout, "feeding the systemd watchdog");
+        tokio::spawn(systemd::watchdog(
+            notifier.clone(),
+            heartbeats.clone(),
+            timeout,
+        ))
+    });
 
     shutdown.await;
+    notifier.notify("STOPPING=1");
     tracing::info!("stopping: closing listeners");
+    status.abort();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     let _ = stop_tx.send(true);
     for task in tasks {
         let _ = task.await;
@@ -109,6 +138,59 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let drained = tokio::time::timeout(DRAIN, drain_rx.recv()).await.is_ok();
     tracing::info!(drained, "stopped");
     Ok(())
+}
+
+/// Makes sure link `localdns` exists, is up and carries the listener addresses. Loopback and
+/// wildcard listen addresses (tests, odd setups) are not put on the link.
+fn set_up_link(config: &Config) -> Result<(), String> {
+    let addrs: Vec<IpAddr> = [config.node_listen.ip(), config.cluster_listen.ip()]
+        .into_iter()
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+        .collect();
+    let outcome = link::ensure(link::LINK_NAME, &addrs)?;
+    tracing::info!(
+        link = link::LINK_NAME,
+        created = outcome.created.unwrap_or("no, it was there"),
+        added = ?outcome.added,
+        already_there = ?outcome.present,
+        "listener addresses in place"
+    );
+    Ok(())
+}
+
+/// Keeps systemd's STATUS= line saying what is served and by whom, so `systemctl status` tells.
+async fn keep_status(
+    notifier: Arc<Notifier>,
+    config: Arc<Config>,
+    mut groups: watch::Receiver<Arc<Groups>>,
+) {
+    loop {
+        let line = {
+            let g = groups.borrow_and_update();
+            let list = |u: &Upstreams| {
+                if u.is_empty() {
+                    "none".to_string()
+                } else {
+                    u.addrs()
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                }
+            };
+            format!(
+                "STATUS=serving {} and {}; VNet DNS: {}; kube-dns: {}",
+                config.node_listen,
+                config.cluster_listen,
+                list(&g.node),
+                list(&g.cluster)
+            )
+        };
+        notifier.notify(&line);
+        if groups.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The upstream sockets of one listener: `--upstream-sockets` per address family that its groups
