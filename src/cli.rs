@@ -4,6 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use crate::cache;
 use crate::discover::{self, ServiceName, Source};
 use crate::wire;
 
@@ -40,6 +41,12 @@ FLAGS:
     --max-inflight N            UDP queries in flight per listener; above it: REFUSED [default: 4096]
     --max-tcp-connections N     TCP client connections per listener [default: 256]
     --tcp-idle-timeout DUR      close a TCP client that sends no full query for this long [default: 10s]
+    --cache-size N              answers kept in the cache; 0 turns the cache off [default: 20000]
+    --cache-bytes SIZE          memory the cache may use, e.g. 32M or 512K [default: 32M]
+    --cache-min-ttl DUR         keep answers at least this long [default: 5s]
+    --cache-max-ttl DUR         keep answers at most this long [default: 1h]
+    --serve-stale DUR           when upstreams fail, answer from entries expired up to this long
+                                ago, with TTL 30; 0 turns it off [default: 1h]
     --upstream-sockets N        UDP sockets (random source ports) per listener and family [default: 8]
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
     --no-link-setup             do not create the localdns link or add the listener addresses to it
@@ -48,7 +55,7 @@ FLAGS:
     -h, --help                  print this help
     -V, --version               print the version
 
-DUR is a number with a unit: 500ms, 2s, 1m.";
+DUR is a number with a unit: 500ms, 2s, 1m, 1h.";
 
 /// Everything the daemon needs to run, checked.
 #[derive(Clone, Debug)]
@@ -71,6 +78,7 @@ pub struct Config {
     /// Create link `localdns` and put the listener addresses on it if missing.
     pub link_setup: bool,
     pub log_level: tracing::Level,
+    pub cache: cache::Limits,
     /// Where to look for upstreams not given by flags.
     pub discovery: discover::Settings,
 }
@@ -96,6 +104,7 @@ impl Default for Config {
             bind_timeout: Duration::from_secs(10),
             link_setup: true,
             log_level: tracing::Level::INFO,
+            cache: cache::Limits::default(),
             discovery: discover::Settings::default(),
         }
     }
@@ -166,6 +175,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
                 config.upstream_sockets = parse_count(&flag, &value()?, 1, 256)?
             }
             "--bind-timeout" => config.bind_timeout = parse_duration(&flag, &value()?)?,
+            "--cache-size" => config.cache.entries = parse_count(&flag, &value()?, 0, 1 << 24)?,
+            "--cache-bytes" => config.cache.bytes = parse_size(&flag, &value()?)?,
+            "--cache-min-ttl" => config.cache.min_ttl = parse_duration_or_zero(&flag, &value()?)?,
+            "--cache-max-ttl" => config.cache.max_ttl = parse_duration(&flag, &value()?)?,
+            "--serve-stale" => config.cache.max_stale = parse_duration_or_zero(&flag, &value()?)?,
             "--resolv-conf" => config.discovery.resolv_conf = value()?.into(),
             "--discovery" => {
                 config.discovery.sources =
@@ -221,6 +235,12 @@ fn check(c: &Config) -> Result<(), String> {
             c.upstream_timeout, c.query_timeout
         ));
     }
+    if c.cache.min_ttl > c.cache.max_ttl {
+        return Err(format!(
+            "--cache-min-ttl {:?} is longer than --cache-max-ttl {:?}",
+            c.cache.min_ttl, c.cache.max_ttl
+        ));
+    }
     if c.node_listen == c.cluster_listen {
         return Err(format!(
             "--node-listen and --cluster-listen are both {}",
@@ -250,8 +270,30 @@ pub fn parse_addr(flag: &str, s: &str) -> Result<SocketAddr, String> {
     Err(format!("{flag} {s:?}: expected IP, IP:PORT or [IPv6]:PORT"))
 }
 
+/// Like `parse_duration`, but a bare `0` means zero (off).
+fn parse_duration_or_zero(flag: &str, s: &str) -> Result<Duration, String> {
+    if s == "0" {
+        Ok(Duration::ZERO)
+    } else {
+        parse_duration(flag, s)
+    }
+}
+
+/// Bytes, with an optional K, M or G suffix (powers of 1024).
+fn parse_size(flag: &str, s: &str) -> Result<usize, String> {
+    let bad = || format!("{flag} {s:?}: expected a size such as 32M, 512K or 1048576");
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n: usize = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(bad)
+}
+
 pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
-    let bad = || format!("{flag} {s:?}: expected a duration such as 500ms, 2s or 1m");
+    let bad = || format!("{flag} {s:?}: expected a duration such as 500ms, 2s, 1m or 1h");
     let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (number, unit) = s.split_at(split);
     let n: u64 = number.parse().map_err(|_| bad())?;
@@ -259,6 +301,7 @@ pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
         "ms" => Duration::from_millis(n),
         "s" => Duration::from_secs(n),
         "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
         _ => return Err(bad()),
     };
     if d.is_zero() {
@@ -381,6 +424,37 @@ mod tests {
         assert!(
             err(&["--json"]).contains("unknown argument"),
             "--json belongs to discover"
+        );
+    }
+
+    #[test]
+    fn cache_flags() {
+        let c = run(&[
+            "--cache-size",
+            "0",
+            "--cache-bytes",
+            "8M",
+            "--cache-min-ttl",
+            "0",
+            "--serve-stale",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(c.cache.entries, 0);
+        assert_eq!(c.cache.bytes, 8 << 20);
+        assert_eq!(c.cache.min_ttl, Duration::ZERO);
+        assert_eq!(c.cache.max_stale, Duration::ZERO);
+        assert_eq!(run(&["--cache-bytes", "4096"]).unwrap().cache.bytes, 4096);
+        assert!(
+            run(&["--cache-bytes", "lots"])
+                .unwrap_err()
+                .contains("size")
+        );
+        assert!(run(&["--cache-bytes", "0"]).is_err());
+        assert!(
+            run(&["--cache-min-ttl", "2h"])
+                .unwrap_err()
+                .contains("longer than")
         );
     }
 

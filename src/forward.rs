@@ -15,7 +15,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
+use crate::cache::{Cache, Key};
 use crate::cli::Config;
 use crate::systemd::Heartbeats;
 use crate::upstream::{Group, Upstreams};
@@ -32,6 +33,8 @@ use crate::wire::{self, Reject, rcode};
 
 /// The most tries one query makes; the query deadline usually ends it first.
 const MAX_TRIES: usize = 4;
+/// Identical queries that may wait on one upstream query; more start their own.
+const MAX_FOLLOWERS: usize = 256;
 /// Datagrams read from one socket before looking at the others, so no socket starves the rest.
 const BATCH: usize = 64;
 /// Room for the largest datagram UDP can carry: upstream answers are never cut by us.
@@ -156,13 +159,21 @@ struct Try {
     id: u16,
 }
 
-/// A client's UDP query waiting for an upstream.
-struct Pending {
+/// A client waiting for an answer: where to send it and how it asked (its ID, spelling and EDNS
+/// size go back into the answer).
+struct Asker {
     client: SocketAddr,
-    /// The client's packet as it arrived: its ID and question spelling go back into the reply, and
-    /// each try sends a copy with a fresh ID.
     query: Box<[u8]>,
     q: wire::Query,
+}
+
+/// A client's UDP query waiting for an upstream, with any identical queries that arrived while
+/// it was on its way (they share its answer instead of multiplying upstream load).
+struct Pending {
+    asker: Asker,
+    followers: Vec<Asker>,
+    /// The cache key, when the cache is on: also the coalescing key.
+    key: Option<Key>,
     group: Group,
     /// The query's starting point in the upstream rotation.
     start: usize,
@@ -195,6 +206,7 @@ pub struct UdpRelay {
     query_timeout: Duration,
     max_inflight: usize,
     groups: Arc<Groups>,
+    cache: Option<Arc<Mutex<Cache>>>,
     /// Upstream sockets `0..v4_sockets` are IPv4, the next `v6_sockets` IPv6.
     v4_sockets: usize,
     v6_sockets: usize,
@@ -203,10 +215,13 @@ pub struct UdpRelay {
     inflight: usize,
     /// (socket, ID) of every try still awaited → (slot, generation).
     keys: HashMap<u32, (u32, u32)>,
+    /// Queries on their way upstream by cache key, for coalescing.
+    waiting: HashMap<Key, u32>,
     timers: BinaryHeap<Reverse<Timer>>,
     /// Query IDs and socket choices must be unpredictable to an off-path spoofer (CONTEXT §5).
     rng: StdRng,
     out: Vec<u8>,
+    scratch: Vec<u8>,
 }
 
 impl UdpRelay {
@@ -214,8 +229,8 @@ impl UdpRelay {
         listener: Listener,
         config: &Config,
         groups: Arc<Groups>,
-        v4_sockets: usize,
-        v6_sockets: usize,
+        cache: Option<Arc<Mutex<Cache>>>,
+        (v4_sockets, v6_sockets): (usize, usize),
     ) -> UdpRelay {
         UdpRelay {
             listener,
@@ -224,15 +239,18 @@ impl UdpRelay {
             query_timeout: config.query_timeout,
             max_inflight: config.max_inflight,
             groups,
+            cache,
             v4_sockets,
             v6_sockets,
             slots: Vec::new(),
             free: Vec::new(),
             inflight: 0,
             keys: HashMap::new(),
+            waiting: HashMap::new(),
             timers: BinaryHeap::new(),
             rng: StdRng::from_os_rng(),
             out: Vec::with_capacity(MAX_DATAGRAM),
+            scratch: Vec::with_capacity(MAX_DATAGRAM),
         }
     }
 
@@ -262,6 +280,28 @@ impl UdpRelay {
             }
             Decision::Forward(q, group) => (q, group),
         };
+        let asker = Asker {
+            client,
+            query: packet.into(),
+            q,
+        };
+        let key = self.cache.as_ref().map(|_| Key::new(group, packet, &q));
+        if let (Some(cache), Some(key)) = (&self.cache, &key) {
+            if lock(cache).get_fresh(key, now, &mut self.scratch) {
+                let reply = std::mem::take(&mut self.scratch);
+                self.deliver(&reply, &asker, sink);
+                self.scratch = reply;
+                return;
+            }
+            if let Some(&slot) = self.waiting.get(key) {
+                if let Some(p) = self.slots[slot as usize].pending.as_mut() {
+                    if p.followers.len() < MAX_FOLLOWERS {
+                        p.followers.push(asker);
+                        return;
+                    }
+                }
+            }
+        }
         let upstreams = self.groups.get(group);
         // Shed load with an explicit REFUSED: the client learns at once and memory stays flat.
         let shed = self.inflight >= self.max_inflight;
@@ -276,9 +316,9 @@ impl UdpRelay {
             return;
         }
         let pending = Pending {
-            client,
-            query: packet.into(),
-            q,
+            asker,
+            followers: Vec::new(),
+            key: key.clone(),
             group,
             start: upstreams.next_start(),
             deadline: now + self.query_timeout,
@@ -286,7 +326,31 @@ impl UdpRelay {
             ntries: 0,
         };
         let slot = self.allocate(pending);
+        if let Some(key) = key {
+            self.waiting.insert(key, slot);
+        }
         self.send_try(slot, now, sink);
+    }
+
+    /// Sends `reply` to `asker` as an answer to its own query: its ID, its spelling of the
+    /// question, and cut to a TC reply if larger than it can take over UDP.
+    fn deliver<S>(&mut self, reply: &[u8], asker: &Asker, sink: &mut S)
+    where
+        S: FnMut(Dest, &[u8]) -> io::Result<()>,
+    {
+        let question = asker.q.question(&asker.query);
+        self.out.clear();
+        self.out.extend_from_slice(reply);
+        wire::restore_for_client(&mut self.out, asker.q.id, question);
+        if self.out.len() > usize::from(asker.q.udp_size) {
+            let full = std::mem::take(&mut self.out);
+            wire::truncate_reply(&full, question.len(), asker.q.edns, &mut self.out);
+            let _ = sink(Dest::Client(asker.client), &self.out);
+            // Keep the larger buffer for reuse.
+            self.out = full;
+        } else {
+            let _ = sink(Dest::Client(asker.client), &self.out);
+        }
     }
 
     fn allocate(&mut self, pending: Pending) -> u32 {
@@ -309,12 +373,15 @@ impl UdpRelay {
         for t in pending.tries.iter().flatten() {
             self.keys.remove(&t.key);
         }
+        if let Some(key) = &pending.key {
+            self.waiting.remove(key);
+        }
         self.free.push(slot);
         self.inflight -= 1;
         Some(pending)
     }
 
-    /// Sends the query's next try, or SERVFAIL once its time or tries are used up.
+    /// Sends the query's next try, or gives up once its time or tries are used up.
     fn send_try<S>(&mut self, slot: u32, now: Instant, sink: &mut S)
     where
         S: FnMut(Dest, &[u8]) -> io::Result<()>,
@@ -325,14 +392,14 @@ impl UdpRelay {
                 return;
             };
             if p.ntries == MAX_TRIES || now >= p.deadline {
-                self.fail(slot, sink);
+                self.give_up(slot, now, sink);
                 return;
             }
             let tried: [SocketAddr; MAX_TRIES] =
                 std::array::from_fn(|i| p.tries[i].map_or(UNSPECIFIED, |t| t.upstream));
             let upstreams = self.groups.get(p.group).clone();
             let Some(upstream) = upstreams.pick(p.start, &tried[..p.ntries]) else {
-                self.fail(slot, sink);
+                self.give_up(slot, now, sink);
                 return;
             };
             let (base, count) = match upstream {
@@ -360,7 +427,7 @@ impl UdpRelay {
             p.tries[try_no] = Some(Try { key, upstream, id });
             let at = (now + self.upstream_timeout).min(p.deadline);
             self.out.clear();
-            self.out.extend_from_slice(&p.query);
+            self.out.extend_from_slice(&p.asker.query);
             wire::set_id(&mut self.out, id);
             let group = p.group;
             self.keys.insert(key, (slot, generation));
@@ -385,20 +452,58 @@ impl UdpRelay {
         }
     }
 
-    fn fail<S>(&mut self, slot: u32, sink: &mut S)
+    /// Every try failed: a stale answer if the cache has one (RFC 8767), else SERVFAIL.
+    fn give_up<S>(&mut self, slot: u32, now: Instant, sink: &mut S)
     where
         S: FnMut(Dest, &[u8]) -> io::Result<()>,
     {
-        if let Some(p) = self.release(slot) {
-            wire::local_reply(&p.query, &p.q, rcode::SERVFAIL, &mut self.out);
-            let _ = sink(Dest::Client(p.client), &self.out);
+        let Some(p) = self.release(slot) else { return };
+        if self.serve_stale(&p, now, sink) {
+            return;
         }
+        for asker in std::iter::once(&p.asker).chain(&p.followers) {
+            wire::local_reply(&asker.query, &asker.q, rcode::SERVFAIL, &mut self.out);
+            let _ = sink(Dest::Client(asker.client), &self.out);
+        }
+    }
+
+    /// Answers everyone waiting on `p` from an expired cache entry, if there is one.
+    fn serve_stale<S>(&mut self, p: &Pending, now: Instant, sink: &mut S) -> bool
+    where
+        S: FnMut(Dest, &[u8]) -> io::Result<()>,
+    {
+        let (Some(cache), Some(key)) = (&self.cache, &p.key) else {
+            return false;
+        };
+        let served = {
+            let mut cache = lock(cache);
+            let found = cache.get_stale(key, now, &mut self.scratch);
+            if found {
+                cache.count_stale(now, 1 + p.followers.len());
+            }
+            found
+        };
+        if !served {
+            return false;
+        }
+        let reply = std::mem::take(&mut self.scratch);
+        for asker in std::iter::once(&p.asker).chain(&p.followers) {
+            self.deliver(&reply, asker, sink);
+        }
+        self.scratch = reply;
+        true
     }
 
     /// A datagram on upstream socket `socket`. Anything that is not the awaited reply from the
     /// exact upstream address is ignored, and the query keeps waiting.
-    pub fn on_reply<S>(&mut self, socket: usize, packet: &mut [u8], from: SocketAddr, sink: &mut S)
-    where
+    pub fn on_reply<S>(
+        &mut self,
+        socket: usize,
+        packet: &mut [u8],
+        from: SocketAddr,
+        now: Instant,
+        sink: &mut S,
+    ) where
         S: FnMut(Dest, &[u8]) -> io::Result<()>,
     {
         if packet.len() < wire::HEADER_LEN {
@@ -419,24 +524,29 @@ impl UdpRelay {
         let Some(t) = p.tries.iter().flatten().find(|t| t.key == key) else {
             return;
         };
-        let client_question = p.q.question(&p.query);
-        if t.upstream != from || !wire::reply_matches(packet, t.id, client_question) {
+        if t.upstream != from
+            || !wire::reply_matches(packet, t.id, p.asker.q.question(&p.asker.query))
+        {
             return;
         }
         self.groups.get(p.group).note_reply(from);
-        wire::restore_for_client(packet, p.q.id, client_question);
-        let (client, udp_size, edns) = (p.client, usize::from(p.q.udp_size), p.q.edns);
-        let question_len = client_question.len();
-        self.release(slot);
-        if packet.len() > udp_size {
-            wire::truncate_reply(packet, question_len, edns, &mut self.out);
-            let _ = sink(Dest::Client(client), &self.out);
-        } else {
-            let _ = sink(Dest::Client(client), packet);
+        let Some(p) = self.release(slot) else { return };
+        let code = wire::rcode(packet);
+        // An upstream that answers but cannot resolve is no better than a silent one when the
+        // cache still knows the answer (RFC 8767 §4).
+        if (code == rcode::SERVFAIL || code == rcode::REFUSED) && self.serve_stale(&p, now, sink) {
+            return;
+        }
+        if let (Some(cache), Some(key)) = (&self.cache, p.key.clone()) {
+            lock(cache).put(key, packet, now);
+        }
+        for asker in std::iter::once(&p.asker).chain(&p.followers) {
+            self.deliver(packet, asker, sink);
         }
     }
 
-    /// Expires tries whose time is up: each moves on to another upstream or ends in SERVFAIL.
+    /// Expires tries whose time is up: each moves on to another upstream or ends in a stale
+    /// answer or SERVFAIL.
     pub fn on_timers<S>(&mut self, now: Instant, sink: &mut S)
     where
         S: FnMut(Dest, &[u8]) -> io::Result<()>,
@@ -477,6 +587,14 @@ impl UdpRelay {
             });
         }
     }
+}
+
+/// A poisoned lock only means another task panicked mid-update of plain data; the cache is still
+/// usable, and DNS service matters more than the entry that task was writing.
+fn lock(cache: &Mutex<Cache>) -> std::sync::MutexGuard<'_, Cache> {
+    cache
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 const UNSPECIFIED: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
@@ -530,7 +648,7 @@ pub async fn serve_udp(
                 match socket.try_recv_from(&mut buf) {
                     Ok((n, from)) => {
                         busy = true;
-                        relay.on_reply(index, &mut buf[..n], from, &mut sink);
+                        relay.on_reply(index, &mut buf[..n], from, Instant::now(), &mut sink);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => {
@@ -576,6 +694,7 @@ pub struct TcpContext {
     pub listener: Listener,
     pub config: Arc<Config>,
     pub groups: watch::Receiver<Arc<Groups>>,
+    pub cache: Option<Arc<Mutex<Cache>>>,
     pub connections: Arc<Semaphore>,
 }
 
@@ -674,7 +793,8 @@ async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> io::Result<Opti
     Ok(Some(message))
 }
 
-/// Answers one query that arrived over TCP; it goes upstream over TCP.
+/// Answers one query that arrived over TCP; it goes upstream over TCP. Shares the cache with the
+/// UDP relays (no coalescing: TCP queries are few).
 async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     let (q, group) = match decide(
@@ -687,6 +807,26 @@ async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
         Decision::Answered => return Some(out),
         Decision::Forward(q, group) => (q, group),
     };
+    let key = ctx.cache.as_ref().map(|_| Key::new(group, &query, &q));
+    let from_cache = |stale: bool, out: &mut Vec<u8>| -> bool {
+        let (Some(cache), Some(key)) = (&ctx.cache, &key) else {
+            return false;
+        };
+        let mut cache = lock(cache);
+        let now = Instant::now();
+        if !stale {
+            return cache.get_fresh(key, now, out);
+        }
+        let found = cache.get_stale(key, now, out);
+        if found {
+            cache.count_stale(now, 1);
+        }
+        found
+    };
+    if from_cache(false, &mut out) {
+        wire::restore_for_client(&mut out, q.id, q.question(&query));
+        return Some(out);
+    }
     let upstreams = ctx.groups.borrow().get(group).clone();
     let deadline = tokio::time::Instant::now() + ctx.config.query_timeout;
     let start = upstreams.next_start();
@@ -704,6 +844,14 @@ async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
         let why = match tokio::time::timeout_at(budget, exchange_tcp(upstream, &message)).await {
             Ok(Ok(mut reply)) if wire::reply_matches(&reply, id, q.question(&query)) => {
                 upstreams.note_reply(upstream);
+                let code = wire::rcode(&reply);
+                if (code == rcode::SERVFAIL || code == rcode::REFUSED) && from_cache(true, &mut out)
+                {
+                    break;
+                }
+                if let (Some(cache), Some(key)) = (&ctx.cache, key.clone()) {
+                    lock(cache).put(key, &reply, Instant::now());
+                }
                 wire::restore_for_client(&mut reply, q.id, q.question(&query));
                 return Some(reply);
             }
@@ -712,6 +860,10 @@ async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
             Err(_) => "timed out over TCP".to_string(),
         };
         upstreams.note_failure(upstream, group, &why);
+    }
+    if !out.is_empty() || from_cache(true, &mut out) {
+        wire::restore_for_client(&mut out, q.id, q.question(&query));
+        return Some(out);
     }
     wire::local_reply(&query, &q, rcode::SERVFAIL, &mut out);
     Some(out)
@@ -794,8 +946,9 @@ mod tests {
                 node: Arc::new(Upstreams::new(node)),
                 cluster: Arc::new(Upstreams::new(cluster)),
             });
+            let cache = Cache::new(config.cache).map(|c| Arc::new(Mutex::new(c)));
             Rig {
-                relay: UdpRelay::new(listener, &config, groups, 2, 2),
+                relay: UdpRelay::new(listener, &config, groups, cache, (2, 2)),
                 sent: Vec::new(),
                 t0: Instant::now(),
             }
@@ -814,12 +967,18 @@ mod tests {
             });
         }
 
-        fn reply(&mut self, socket: usize, mut packet: Vec<u8>, from: SocketAddr) {
+        fn reply(&mut self, socket: usize, packet: Vec<u8>, from: SocketAddr) {
+            self.reply_at(socket, packet, from, 0);
+        }
+
+        fn reply_at(&mut self, socket: usize, mut packet: Vec<u8>, from: SocketAddr, ms: u64) {
+            let now = self.at(ms);
             let sent = &mut self.sent;
-            self.relay.on_reply(socket, &mut packet, from, &mut |d, b| {
-                sent.push((d, b.to_vec()));
-                Ok(())
-            });
+            self.relay
+                .on_reply(socket, &mut packet, from, now, &mut |d, b| {
+                    sent.push((d, b.to_vec()));
+                    Ok(())
+                });
         }
 
         fn tick(&mut self, ms: u64) {
@@ -1049,7 +1208,7 @@ mod tests {
         let mut rig = Rig::new(Listener::Cluster, vec![], vec![up(1)]);
         rig.relay.max_inflight = 2;
         for i in 0..3 {
-            rig.query(&query(i, "a.b", None), 0);
+            rig.query(&query(i, &format!("n{i}.b"), None), 0);
         }
         let answers = rig.to_client();
         assert_eq!(answers.len(), 1);
@@ -1089,7 +1248,7 @@ mod tests {
     fn ids_spread_over_sockets_and_values() {
         let mut rig = Rig::new(Listener::Cluster, vec![], vec![up(1)]);
         for i in 0..200 {
-            rig.query(&query(i, "a.b", None), 0);
+            rig.query(&query(i, &format!("n{i}.b"), None), 0);
         }
         let mut ids = std::collections::HashSet::new();
         let mut sockets = std::collections::HashSet::new();
@@ -1105,5 +1264,126 @@ mod tests {
             ids.len()
         );
         assert_eq!(sockets.len(), 2, "both IPv4 sockets used");
+    }
+
+    fn upstream_sends(rig: &Rig) -> usize {
+        rig.sent
+            .iter()
+            .filter(|(d, _)| matches!(d, Dest::Upstream { .. }))
+            .count()
+    }
+
+    /// A reply to `sent` carrying one A record with this TTL.
+    fn answer(sent: &[u8], ttl: u32) -> Vec<u8> {
+        let mut r = sent.to_vec();
+        r[2] |= 0x80;
+        r[7] = 1;
+        r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+        r.extend_from_slice(&ttl.to_be_bytes());
+        r.extend_from_slice(&[0, 4, 10, 0, 0, 1]);
+        r
+    }
+
+    #[test]
+    fn identical_queries_in_flight_share_one_upstream_query() {
+        let mut rig = Rig::new(Listener::Cluster, vec![], vec![up(1)]);
+        for id in 0..50 {
+            let name = if id % 2 == 0 {
+                "Same.Name.svc"
+            } else {
+                "same.name.SVC"
+            };
+            rig.query(&query(id, name, None), 0);
+        }
+        assert_eq!(
+            upstream_sends(&rig),
+            1,
+            "one upstream query for fifty identical ones"
+        );
+        let (socket, to, sent) = rig.last_upstream();
+        rig.reply(socket, answer(&sent, 60), to);
+        let answers = rig.to_client();
+        assert_eq!(answers.len(), 50);
+        for (id, a) in answers.iter().enumerate() {
+            assert_eq!(wire::id(a), id as u16, "each asker gets its own ID back");
+            let spelled = if id % 2 == 0 { b"Same" } else { b"same" };
+            assert_eq!(&a[13..17], spelled, "and its own spelling");
+        }
+        assert_eq!(rig.relay.inflight(), 0);
+    }
+
+    #[test]
+    fn answers_come_from_the_cache_until_they_expire() {
+        let mut rig = Rig::new(Listener::Cluster, vec![], vec![up(1)]);
+        rig.query(&query(1, "c.svc", None), 0);
+        let (socket, to, sent) = rig.last_upstream();
+        rig.reply(socket, answer(&sent, 30), to);
+        rig.query(&query(2, "C.SVC", None), 10_000);
+        assert_eq!(upstream_sends(&rig), 1, "a hit");
+        let hit = rig.to_client().pop().unwrap();
+        assert_eq!(wire::id(&hit), 2);
+        assert_eq!(
+            &hit[hit.len() - 10..hit.len() - 6],
+            &20u32.to_be_bytes(),
+            "TTL counted down"
+        );
+        rig.query(&query(3, "c.svc", None), 30_000);
+        assert_eq!(upstream_sends(&rig), 2, "expired: asked again");
+    }
+
+    #[test]
+    fn stale_answers_when_every_try_fails_and_servfail_without_one() {
+        let mut rig = Rig::new(Listener::Cluster, vec![], vec![up(1)]);
+        rig.query(&query(1, "s.svc", None), 0);
+        let (socket, to, sent) = rig.last_upstream();
+        rig.reply(socket, answer(&sent, 10), to);
+        // Later the upstream goes silent.
+        rig.query(&query(2, "s.svc", None), 60_000);
+        rig.query(&query(3, "other.svc", None), 60_000);
+        for ms in [61_000, 62_000, 62_500] {
+            rig.tick(ms);
+        }
+        let answers = rig.to_client();
+        let stale = answers.iter().find(|a| wire::id(a) == 2).expect("answered");
+        assert_eq!(wire::rcode(stale), rcode::NOERROR);
+        assert_eq!(
+            &stale[stale.len() - 10..stale.len() - 6],
+            &30u32.to_be_bytes(),
+            "stale TTL"
+        );
+        let other = answers.iter().find(|a| wire::id(a) == 3).expect("answered");
+        assert_eq!(
+            wire::rcode(other),
+            rcode::SERVFAIL,
+            "nothing cached: SERVFAIL"
+        );
+    }
+
+    #[test]
+    fn an_upstream_servfail_is_passed_on_but_never_cached_and_loses_to_stale() {
+        let mut rig = Rig::new(Listener::Cluster, vec![], vec![up(1)]);
+        let servfail = |sent: &[u8]| {
+            let mut r = sent.to_vec();
+            r[2] |= 0x80;
+            r[3] = rcode::SERVFAIL;
+            r
+        };
+        rig.query(&query(1, "f.svc", None), 0);
+        let (socket, to, sent) = rig.last_upstream();
+        rig.reply(socket, servfail(&sent), to);
+        assert_eq!(wire::rcode(&rig.to_client()[0]), rcode::SERVFAIL);
+        rig.query(&query(2, "f.svc", None), 100);
+        assert_eq!(upstream_sends(&rig), 2, "SERVFAIL was not cached");
+        let (socket, to, sent) = rig.last_upstream();
+        rig.reply_at(socket, answer(&sent, 10), to, 100);
+        rig.query(&query(3, "f.svc", None), 20_000);
+        let (socket, to, sent) = rig.last_upstream();
+        rig.reply_at(socket, servfail(&sent), to, 20_000);
+        let last = rig.to_client().pop().unwrap();
+        assert_eq!(
+            (wire::id(&last), wire::rcode(&last)),
+            (3, rcode::NOERROR),
+            "stale beats SERVFAIL"
+        );
     }
 }

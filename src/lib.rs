@@ -15,6 +15,7 @@
 //! clock, so their unit tests run without a network. The integration tests in `tests/` run the real binary in network
 //! namespaces against real DNS servers and real clients.
 
+pub mod cache;
 pub mod cli;
 pub mod discover;
 pub mod forward;

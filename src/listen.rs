@@ -6,10 +6,12 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-/// Receive buffer asked for on listener and upstream sockets: a burst of queries arriving while the
-/// worker is busy waits in the kernel instead of being dropped. The kernel may grant less
-/// (net.core.rmem_max); what it granted is logged.
+/// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
+/// the worker is busy waits in the kernel instead of being dropped, and a burst of answers (a
+/// thousand clients waiting on one coalesced query) fits in the send queue. The kernel may grant
+/// less (net.core.rmem_max, wmem_max); what it granted is logged.
 const RECV_BUFFER: usize = 4 << 20;
+const SEND_BUFFER: usize = 4 << 20;
 /// Pending TCP connections the kernel queues for us.
 const TCP_BACKLOG: i32 = 1024;
 /// Pause between bind attempts while the address is busy.
@@ -74,6 +76,7 @@ fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket>
     socket.set_nonblocking(true)?;
     if ty == Type::DGRAM {
         let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+        let _ = socket.set_send_buffer_size(SEND_BUFFER);
     }
     Ok(socket)
 }
@@ -93,9 +96,11 @@ pub fn upstream_socket(ipv6: bool) -> io::Result<tokio::net::UdpSocket> {
     tokio::net::UdpSocket::from_std(socket.into())
 }
 
-/// The receive buffer the kernel actually granted, for the start-up log.
-pub fn recv_buffer(socket: &tokio::net::UdpSocket) -> usize {
-    socket2::SockRef::from(socket)
-        .recv_buffer_size()
-        .unwrap_or(0)
+/// The receive and send buffers the kernel actually granted, for the start-up log.
+pub fn buffers(socket: &tokio::net::UdpSocket) -> (usize, usize) {
+    let s = socket2::SockRef::from(socket);
+    (
+        s.recv_buffer_size().unwrap_or(0),
+        s.send_buffer_size().unwrap_or(0),
+    )
 }

@@ -3,12 +3,13 @@
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
+use crate::cache::Cache;
 use crate::cli::Config;
 use crate::discover::follow::{self, Owned};
 use crate::forward::{self, Groups, Listener, TcpContext, UdpRelay};
@@ -72,6 +73,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     let groups = groups_rx.borrow().clone();
     let heartbeats = Heartbeats::new(2);
+    // One cache for both listeners: the key holds the upstream group, so cluster and VNet answers
+    // never mix, while a cluster name asked on either listener shares one entry.
+    let cache = Cache::new(config.cache).map(|c| Arc::new(Mutex::new(c)));
 
     for (beat, (listener, bound, addr)) in [
         (Listener::Node, node, config.node_listen),
@@ -82,7 +86,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     {
         let (v4, v6) = upstream_pool(&config, &groups, listener, owned);
         let (v4_count, v6_count) = (v4.len(), v6.len());
-        let relay = UdpRelay::new(listener, &config, groups.clone(), v4_count, v6_count);
+        let relay = UdpRelay::new(
+            listener,
+            &config,
+            groups.clone(),
+            cache.clone(),
+            (v4_count, v6_count),
+        );
         log_listener(listener, addr, &groups, &config, &bound.udp);
         let pool = v4.into_iter().chain(v6).collect();
         tasks.push(tokio::spawn(forward::serve_udp(
@@ -97,6 +107,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             listener,
             config: config.clone(),
             groups: groups_rx.clone(),
+            cache: cache.clone(),
             connections: Arc::new(Semaphore::new(config.max_tcp_connections)),
         });
         tasks.push(tokio::spawn(forward::serve_tcp(
@@ -233,7 +244,7 @@ fn log_listener(
     config: &Config,
     udp: &UdpSocket,
 ) {
-    let recv_buffer = listen::recv_buffer(udp);
+    let (recv_buffer, send_buffer) = listen::buffers(udp);
     match listener {
         Listener::Node => tracing::info!(
             listener = listener.name(),
@@ -242,6 +253,7 @@ fn log_listener(
             kube_dns = ?groups.cluster.addrs(),
             cluster_domain = %config.cluster_domain,
             recv_buffer,
+            send_buffer,
             "serving UDP and TCP: the cluster domain goes to kube-dns, all else to the VNet DNS"
         ),
         Listener::Cluster => tracing::info!(
@@ -249,6 +261,7 @@ fn log_listener(
             %addr,
             kube_dns = ?groups.cluster.addrs(),
             recv_buffer,
+            send_buffer,
             "serving UDP and TCP: every name goes to kube-dns"
         ),
     }

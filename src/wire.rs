@@ -82,6 +82,8 @@ pub struct Query {
     pub edns: bool,
     /// The largest UDP reply the client accepts: its EDNS size, never less than 512.
     pub udp_size: u16,
+    /// The DO bit of the client's OPT record (it wants DNSSEC records).
+    pub dnssec_ok: bool,
 }
 
 impl Query {
@@ -129,6 +131,7 @@ pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
         qclass,
         edns: false,
         udp_size: CLASSIC_UDP_SIZE,
+        dnssec_ok: false,
     };
     // Queries rarely carry answer or authority records, but they may (e.g. known-answer hints);
     // walk them so the OPT record in the additional section is found where it really is.
@@ -142,6 +145,7 @@ pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
             }
             query.edns = true;
             query.udp_size = rr.class.max(CLASSIC_UDP_SIZE);
+            query.dnssec_ok = rr.ttl & 0x8000 != 0;
         }
         at = rr.end;
     }
@@ -151,6 +155,8 @@ pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
 struct ResourceRecord {
     rtype: u16,
     class: u16,
+    ttl: u32,
+    ttl_offset: usize,
     end: usize,
 }
 
@@ -158,9 +164,81 @@ fn resource_record(p: &[u8], at: usize) -> Option<ResourceRecord> {
     let fixed = skip_name(p, at)?;
     let rtype = u16_at(p, fixed)?;
     let class = u16_at(p, fixed + 2)?;
+    let ttl = u32::from(u16_at(p, fixed + 4)?) << 16 | u32::from(u16_at(p, fixed + 6)?);
     let rdlen = u16_at(p, fixed + 8)? as usize;
     let end = fixed + 10 + rdlen;
-    (end <= p.len()).then_some(ResourceRecord { rtype, class, end })
+    (end <= p.len()).then_some(ResourceRecord {
+        rtype,
+        class,
+        ttl,
+        ttl_offset: fixed + 4,
+        end,
+    })
+}
+
+/// Which section of a message a record is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    Answer,
+    Authority,
+    Additional,
+}
+
+/// What the cache needs to know of each record of a reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub section: Section,
+    pub rtype: u16,
+    pub ttl: u32,
+    /// Where the TTL sits in the message.
+    pub ttl_offset: usize,
+    /// For an SOA record, its MINIMUM field (the negative-caching TTL, RFC 2308).
+    pub soa_minimum: Option<u32>,
+}
+
+/// Walks every record of a message; `None` if any part is malformed or cut short.
+pub fn records(p: &[u8]) -> Option<Vec<Record>> {
+    if p.len() < HEADER_LEN {
+        return None;
+    }
+    let [qd, an, ns, ar] = counts(p);
+    let mut at = HEADER_LEN;
+    for _ in 0..qd {
+        at = skip_name(p, at)? + 4;
+    }
+    if at > p.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(usize::from(an) + usize::from(ns) + usize::from(ar));
+    for index in 0..(usize::from(an) + usize::from(ns) + usize::from(ar)) {
+        let rr = resource_record(p, at)?;
+        let section = if index < usize::from(an) {
+            Section::Answer
+        } else if index < usize::from(an) + usize::from(ns) {
+            Section::Authority
+        } else {
+            Section::Additional
+        };
+        // SOA RDATA ends with SERIAL, REFRESH, RETRY, EXPIRE, MINIMUM (RFC 1035 §3.3.13).
+        let soa_minimum = (rr.rtype == 6 && rr.end >= rr.ttl_offset + 6 + 20).then(|| {
+            u32::from(u16_at(p, rr.end - 4).unwrap_or(0)) << 16
+                | u32::from(u16_at(p, rr.end - 2).unwrap_or(0))
+        });
+        out.push(Record {
+            section,
+            rtype: rr.rtype,
+            ttl: rr.ttl,
+            ttl_offset: rr.ttl_offset,
+            soa_minimum,
+        });
+        at = rr.end;
+    }
+    Some(out)
+}
+
+/// The CD (checking disabled) bit of a query.
+pub fn checking_disabled(p: &[u8]) -> bool {
+    p[3] & CD != 0
 }
 
 /// End of an uncompressed name starting at `at`. Question names never need compression (nothing

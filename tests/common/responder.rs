@@ -42,7 +42,11 @@ pub fn big_txt_strings() -> Vec<String> {
 
 /// How the responder behaves. Common answers (all modes that answer):
 /// A -> one A record `answer_v4` (TTL 60); AAAA -> NOERROR/no data; TXT for a
-/// name starting with `big.` -> the big RRset; any name starting with `nx.`
+/// The SOA MINIMUM in NXDOMAIN answers (names `nx.*`): how long a denial may be cached.
+pub const NX_SOA_MINIMUM: u32 = 2;
+
+/// name starting with `big.` -> the big RRset; `ttl1.*` -> A with TTL 1; `servfail.*` ->
+/// SERVFAIL; any name starting with `nx.` (NXDOMAIN with an SOA)
 /// -> NXDOMAIN; anything else -> NOERROR/no data. The question is echoed as
 /// received (same case) and an OPT record is returned if the query had one.
 #[derive(Clone, Debug)]
@@ -575,13 +579,37 @@ fn build_reply(query: &Message, answer_v4: Ipv4Addr) -> Message {
     let lower = question.name().to_ascii().to_ascii_lowercase();
     if lower.starts_with("nx.") {
         reply.set_response_code(ResponseCode::NXDomain);
+        // RFC 2308: the SOA says how long the denial may be cached: min(TTL, MINIMUM).
+        let soa = hickory_proto::rr::rdata::SOA::new(
+            Name::from_ascii("ns.test.").expect("literal"),
+            Name::from_ascii("host.test.").expect("literal"),
+            1,
+            3600,
+            600,
+            86400,
+            NX_SOA_MINIMUM,
+        );
+        reply.add_name_server(Record::from_rdata(
+            question.name().clone(),
+            RESPONDER_TTL,
+            RData::SOA(soa),
+        ));
+        return reply;
+    }
+    if lower.starts_with("servfail.") {
+        reply.set_response_code(ResponseCode::ServFail);
         return reply;
     }
     match question.query_type() {
         RecordType::A => {
+            let ttl = if lower.starts_with("ttl1.") {
+                1
+            } else {
+                RESPONDER_TTL
+            };
             reply.add_answer(Record::from_rdata(
                 question.name().clone(),
-                RESPONDER_TTL,
+                ttl,
                 RData::A(A(answer_v4)),
             ));
         }

@@ -1,0 +1,649 @@
+//! The answer cache, with serve-stale (RFC 8767): pods on a LocalDNS node are used to cached
+//! answers, and a forwarder of last resort runs exactly when upstreams blip.
+//!
+//! Entries are whole upstream replies keyed by the lower-cased question, the upstream group and
+//! the query flags that change an answer. Every decision (cacheable? for how long? fresh, stale or
+//! dead?) is a pure function of the bytes and the `now` passed in, so the tests need no clock.
+
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+
+use crate::upstream::Group;
+use crate::wire::{self, rcode};
+
+/// TTL written into stale answers (RFC 8767 §4 suggests 30 s).
+pub const STALE_TTL: u32 = 30;
+/// Bookkeeping per entry beyond its key and reply bytes (LRU links, hash slot, entry fields),
+/// counted against the byte cap so many tiny entries cannot exceed it.
+const ENTRY_OVERHEAD: usize = 128;
+/// Least time between two log lines about stale answers.
+const STALE_LOG_EVERY: Duration = Duration::from_secs(10);
+const TYPE_SOA: u16 = 6;
+const TYPE_OPT: u16 = 41;
+
+/// Limits, from the flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Entries at most; 0 turns the cache off.
+    pub entries: usize,
+    /// Bytes at most (replies, keys and per-entry overhead).
+    pub bytes: usize,
+    /// Shortest and longest time an answer is kept fresh, whatever its TTL says.
+    pub min_ttl: Duration,
+    pub max_ttl: Duration,
+    /// How long past expiry an entry may still be served when upstreams fail.
+    pub max_stale: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            // LocalDNS keeps 9984 success and 9984 denial entries.
+            entries: 20_000,
+            // Far inside the 128 MiB slice: the cache is the only thing here that grows with use.
+            bytes: 32 << 20,
+            min_ttl: Duration::from_secs(5),
+            max_ttl: Duration::from_secs(3600),
+            max_stale: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What identifies an answer: same key, same answer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    group: Group,
+    /// The question name in lower-case wire form.
+    name: Box<[u8]>,
+    qtype: u16,
+    qclass: u16,
+    /// DO and CD change what an upstream puts in the answer; EDNS decides whether an OPT record
+    /// is in it. (Bits: 1 = EDNS, 2 = DO, 4 = CD.)
+    flags: u8,
+}
+
+impl Key {
+    pub fn new(group: Group, query: &[u8], q: &wire::Query) -> Key {
+        let name: Box<[u8]> = q.name(query).iter().map(u8::to_ascii_lowercase).collect();
+        let flags = u8::from(q.edns)
+            | (u8::from(q.dnssec_ok) << 1)
+            | (u8::from(wire::checking_disabled(query)) << 2);
+        Key {
+            group,
+            name,
+            qtype: q.qtype,
+            qclass: q.qclass,
+            flags,
+        }
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of::<Key>() + self.name.len()
+    }
+}
+
+struct Entry {
+    /// The reply as the upstream sent it (ID and question case are the client's business).
+    reply: Box<[u8]>,
+    /// Where each record's TTL sits in `reply`, so served copies can count down.
+    ttl_offsets: Box<[u16]>,
+    stored: Instant,
+    fresh_for: Duration,
+}
+
+impl Entry {
+    fn size(&self) -> usize {
+        self.reply.len() + self.ttl_offsets.len() * 2 + ENTRY_OVERHEAD
+    }
+}
+
+/// How a hit was served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hit {
+    Fresh,
+    Stale,
+}
+
+pub struct Cache {
+    lru: LruCache<Key, Entry>,
+    limits: Limits,
+    bytes: usize,
+    stale_served: u64,
+    stale_unlogged: u64,
+    last_stale_log: Option<Instant>,
+}
+
+impl Cache {
+    /// `None` when the limits turn caching off.
+    pub fn new(limits: Limits) -> Option<Cache> {
+        let entries = NonZeroUsize::new(limits.entries)?;
+        Some(Cache {
+            lru: LruCache::new(entries),
+            limits,
+            bytes: 0,
+            stale_served: 0,
+            stale_unlogged: 0,
+            last_stale_log: None,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.lru.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lru.is_empty()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Copies a fresh answer for `key` into `out` with its TTLs counted down. Answers to be
+    /// returned to a client still need its ID and question spelling.
+    pub fn get_fresh(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
+        let Some(entry) = self.lru.get(key) else {
+            return false;
+        };
+        let age = now.saturating_duration_since(entry.stored);
+        if age >= entry.fresh_for {
+            return false;
+        }
+        copy_with_ttls(entry, |ttl| ttl.saturating_sub(age.as_secs() as u32), out);
+        true
+    }
+
+    /// Copies an answer for `key` that expired no longer than `max_stale` ago (or is still fresh)
+    /// into `out`, every TTL set to `STALE_TTL`: for when every upstream has failed.
+    pub fn get_stale(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
+        let Some(entry) = self.lru.get(key) else {
+            return false;
+        };
+        let age = now.saturating_duration_since(entry.stored);
+        if age > entry.fresh_for + self.limits.max_stale {
+            return false;
+        }
+        copy_with_ttls(entry, |_| STALE_TTL, out);
+        true
+    }
+
+    /// Counts `n` stale answers served, and says so in the log at most every `STALE_LOG_EVERY`:
+    /// they mean upstreams are failing, but one line per answer would flood the journal.
+    pub fn count_stale(&mut self, now: Instant, n: usize) {
+        self.stale_served += n as u64;
+        self.stale_unlogged += n as u64;
+        if self
+            .last_stale_log
+            .is_none_or(|t| now.saturating_duration_since(t) >= STALE_LOG_EVERY)
+        {
+            tracing::warn!(
+                stale = self.stale_unlogged,
+                total = self.stale_served,
+                "upstreams failing; answered from expired cache entries"
+            );
+            self.stale_unlogged = 0;
+            self.last_stale_log = Some(now);
+        }
+    }
+
+    pub fn stale_served(&self) -> u64 {
+        self.stale_served
+    }
+
+    /// Stores `reply` if it may be cached; returns whether it was.
+    pub fn put(&mut self, key: Key, reply: &[u8], now: Instant) -> bool {
+        let Some((fresh_for, ttl_offsets)) = cacheable(reply, &self.limits) else {
+            return false;
+        };
+        let entry = Entry {
+            reply: reply.into(),
+            ttl_offsets,
+            stored: now,
+            fresh_for,
+        };
+        let size = key.size() + entry.size();
+        if size > self.limits.bytes {
+            return false;
+        }
+        if let Some((old_key, old)) = self.lru.push(key, entry) {
+            // push hands back the replaced entry of the same key, or the evicted LRU entry.
+            self.bytes = self.bytes.saturating_sub(old_key.size() + old.size());
+        }
+        self.bytes += size;
+        while self.bytes > self.limits.bytes {
+            match self.lru.pop_lru() {
+                Some((k, e)) => self.bytes -= k.size() + e.size(),
+                None => break,
+            }
+        }
+        true
+    }
+}
+
+fn copy_with_ttls(entry: &Entry, ttl: impl Fn(u32) -> u32, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&entry.reply);
+    for &at in entry.ttl_offsets.iter() {
+        let at = usize::from(at);
+        let old = u32::from_be_bytes([out[at], out[at + 1], out[at + 2], out[at + 3]]);
+        out[at..at + 4].copy_from_slice(&ttl(old).to_be_bytes());
+    }
+}
+
+/// May `reply` be cached, and for how long? Positive answers live for their smallest TTL,
+/// negative ones (NXDOMAIN, NODATA) for the SOA's TTL capped by its MINIMUM field (RFC 2308 §5),
+/// both clamped to the limits. SERVFAIL, REFUSED and every other error, truncated replies,
+/// negative answers without an SOA and anything malformed are not cached.
+fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
+    if reply.len() < wire::HEADER_LEN
+        || wire::is_truncated(reply)
+        || reply.len() > usize::from(u16::MAX)
+    {
+        return None;
+    }
+    let code = wire::rcode(reply);
+    if code != rcode::NOERROR && code != rcode::NXDOMAIN {
+        return None;
+    }
+    let records = wire::records(reply)?;
+    let mut offsets = Vec::with_capacity(records.len());
+    let mut answer_ttl: Option<u32> = None;
+    let mut negative_ttl: Option<u32> = None;
+    let mut answers = 0;
+    for rr in &records {
+        if rr.rtype == TYPE_OPT {
+            continue;
+        }
+        offsets.push(rr.ttl_offset as u16);
+        match rr.section {
+            wire::Section::Answer => {
+                answers += 1;
+                answer_ttl = Some(answer_ttl.map_or(rr.ttl, |t| t.min(rr.ttl)));
+            }
+            wire::Section::Authority if rr.rtype == TYPE_SOA => {
+                let minimum = rr.soa_minimum.unwrap_or(rr.ttl);
+                negative_ttl = Some(rr.ttl.min(minimum));
+            }
+            _ => {}
+        }
+    }
+    let ttl = if code == rcode::NOERROR && answers > 0 {
+        answer_ttl?
+    } else {
+        negative_ttl?
+    };
+    let fresh_for = Duration::from_secs(u64::from(ttl)).clamp(limits.min_ttl, limits.max_ttl);
+    Some((fresh_for, offsets.into_boxed_slice()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> Vec<u8> {
+        wire::encode_name(s).unwrap()
+    }
+
+    /// A query as a stub sends it, then a reply to it with the given records appended.
+    fn query(id: u16, qname: &str, qtype: u16, edns: bool) -> Vec<u8> {
+        let mut p = id.to_be_bytes().to_vec();
+        p.extend_from_slice(&[1, 0, 0, 1, 0, 0, 0, 0, 0, u8::from(edns)]);
+        let mut n = name(qname);
+        // keep the caller's case
+        let mut at = 0;
+        for label in qname.split('.') {
+            n[at + 1..at + 1 + label.len()].copy_from_slice(label.as_bytes());
+            at += 1 + label.len();
+        }
+        p.extend_from_slice(&n);
+        p.extend_from_slice(&qtype.to_be_bytes());
+        p.extend_from_slice(&[0, 1]);
+        if edns {
+            p.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0, 0, 0, 0]);
+        }
+        p
+    }
+
+    struct Rr<'a> {
+        rtype: u16,
+        ttl: u32,
+        rdata: &'a [u8],
+    }
+
+    fn reply(q: &[u8], code: u8, answers: &[Rr], authority: &[Rr]) -> Vec<u8> {
+        let parsed = wire::parse_query(q).unwrap();
+        let mut r = q[..parsed.question_end].to_vec();
+        r[2] |= 0x80;
+        r[3] = 0x80 | code;
+        r[6..8].copy_from_slice(&(answers.len() as u16).to_be_bytes());
+        r[8..10].copy_from_slice(&(authority.len() as u16).to_be_bytes());
+        r[10..12].copy_from_slice(&[0, 0]);
+        for rr in answers.iter().chain(authority) {
+            r.extend_from_slice(&[0xc0, 12]);
+            r.extend_from_slice(&rr.rtype.to_be_bytes());
+            r.extend_from_slice(&[0, 1]);
+            r.extend_from_slice(&rr.ttl.to_be_bytes());
+            r.extend_from_slice(&(rr.rdata.len() as u16).to_be_bytes());
+            r.extend_from_slice(rr.rdata);
+        }
+        r
+    }
+
+    fn soa(minimum: u32) -> Vec<u8> {
+        let mut d = name("ns.example");
+        d.extend_from_slice(&name("host.example"));
+        for v in [1u32, 3600, 600, 86400, minimum] {
+            d.extend_from_slice(&v.to_be_bytes());
+        }
+        d
+    }
+
+    fn ttls(r: &[u8]) -> Vec<u32> {
+        wire::records(r)
+            .unwrap()
+            .iter()
+            .filter(|rr| rr.rtype != TYPE_OPT)
+            .map(|rr| rr.ttl)
+            .collect()
+    }
+
+    fn key(q: &[u8]) -> Key {
+        Key::new(Group::Cluster, q, &wire::parse_query(q).unwrap())
+    }
+
+    fn cache() -> Cache {
+        Cache::new(Limits::default()).unwrap()
+    }
+
+    const A: u16 = 1;
+
+    #[test]
+    fn keys_ignore_case_and_id_but_not_type_group_or_flags() {
+        let k = key(&query(1, "WWW.Example.com", A, false));
+        assert_eq!(k, key(&query(2, "www.example.COM", A, false)));
+        assert_ne!(k, key(&query(1, "www.example.com", 28, false)), "type");
+        assert_ne!(k, key(&query(1, "www.example.com", A, true)), "EDNS");
+        let q = query(1, "www.example.com", A, false);
+        assert_ne!(
+            k,
+            Key::new(Group::Node, &q, &wire::parse_query(&q).unwrap()),
+            "group"
+        );
+        let mut cd = q.clone();
+        cd[3] |= 0x10;
+        assert_ne!(k, key(&cd), "CD");
+    }
+
+    #[test]
+    fn positive_answers_live_for_their_smallest_ttl_and_count_down() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let q = query(1, "a.example", A, false);
+        let r = reply(
+            &q,
+            0,
+            &[
+                Rr {
+                    rtype: A,
+                    ttl: 300,
+                    rdata: &[1, 2, 3, 4],
+                },
+                Rr {
+                    rtype: A,
+                    ttl: 60,
+                    rdata: &[1, 2, 3, 5],
+                },
+            ],
+            &[],
+        );
+        assert!(c.put(key(&q), &r, t0));
+        let mut out = Vec::new();
+        assert!(c.get_fresh(&key(&q), t0 + Duration::from_secs(20), &mut out));
+        assert_eq!(ttls(&out), [280, 40]);
+        assert!(c.get_fresh(&key(&q), t0 + Duration::from_millis(59_999), &mut out));
+        assert!(
+            !c.get_fresh(&key(&q), t0 + Duration::from_secs(60), &mut out),
+            "expired at the smallest TTL"
+        );
+    }
+
+    #[test]
+    fn ttls_are_clamped_to_the_limits() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let q = query(1, "zero.example", A, false);
+        c.put(
+            key(&q),
+            &reply(
+                &q,
+                0,
+                &[Rr {
+                    rtype: A,
+                    ttl: 0,
+                    rdata: &[1, 2, 3, 4],
+                }],
+                &[],
+            ),
+            t0,
+        );
+        let mut out = Vec::new();
+        assert!(
+            c.get_fresh(&key(&q), t0 + Duration::from_secs(4), &mut out),
+            "floor of 5 s"
+        );
+        assert!(!c.get_fresh(&key(&q), t0 + Duration::from_secs(5), &mut out));
+        let q = query(1, "long.example", A, false);
+        c.put(
+            key(&q),
+            &reply(
+                &q,
+                0,
+                &[Rr {
+                    rtype: A,
+                    ttl: 86400,
+                    rdata: &[1, 2, 3, 4],
+                }],
+                &[],
+            ),
+            t0,
+        );
+        assert!(
+            !c.get_fresh(&key(&q), t0 + Duration::from_secs(3600), &mut out),
+            "cap of 1 h"
+        );
+    }
+
+    #[test]
+    fn negative_answers_live_for_the_soa_minimum() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        let q = query(1, "nx.example", A, false);
+        let soa = soa(30);
+        let nx = reply(
+            &q,
+            rcode::NXDOMAIN,
+            &[],
+            &[Rr {
+                rtype: TYPE_SOA,
+                ttl: 3600,
+                rdata: &soa,
+            }],
+        );
+        assert!(c.put(key(&q), &nx, t0));
+        assert!(c.get_fresh(&key(&q), t0 + Duration::from_secs(29), &mut out));
+        assert_eq!(wire::rcode(&out), rcode::NXDOMAIN);
+        assert!(
+            !c.get_fresh(&key(&q), t0 + Duration::from_secs(30), &mut out),
+            "min(SOA TTL, MINIMUM)"
+        );
+        // NODATA with an SOA whose own TTL is the smaller.
+        let q = query(1, "nodata.example", 28, false);
+        let nodata = reply(
+            &q,
+            0,
+            &[],
+            &[Rr {
+                rtype: TYPE_SOA,
+                ttl: 10,
+                rdata: &soa,
+            }],
+        );
+        assert!(c.put(key(&q), &nodata, t0));
+        assert!(!c.get_fresh(&key(&q), t0 + Duration::from_secs(10), &mut out));
+        // Without an SOA a negative answer is not cached (RFC 2308 §5).
+        let q = query(1, "bare.example", A, false);
+        assert!(!c.put(key(&q), &reply(&q, rcode::NXDOMAIN, &[], &[]), t0));
+    }
+
+    #[test]
+    fn failures_and_truncation_are_never_cached() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let q = query(1, "x.example", A, false);
+        for code in [
+            rcode::SERVFAIL,
+            rcode::REFUSED,
+            rcode::FORMERR,
+            rcode::NOTIMP,
+        ] {
+            assert!(
+                !c.put(key(&q), &reply(&q, code, &[], &[]), t0),
+                "rcode {code}"
+            );
+        }
+        let mut tc = reply(
+            &q,
+            0,
+            &[Rr {
+                rtype: A,
+                ttl: 60,
+                rdata: &[1, 2, 3, 4],
+            }],
+            &[],
+        );
+        tc[2] |= 0x02;
+        assert!(!c.put(key(&q), &tc, t0), "truncated");
+        assert!(!c.put(key(&q), &[1, 2, 3], t0), "malformed");
+        let mut cut = reply(
+            &q,
+            0,
+            &[Rr {
+                rtype: A,
+                ttl: 60,
+                rdata: &[1, 2, 3, 4],
+            }],
+            &[],
+        );
+        cut.pop();
+        assert!(!c.put(key(&q), &cut, t0), "cut short");
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn stale_answers_are_served_for_max_stale_with_ttl_30() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let q = query(1, "s.example", A, true);
+        let mut r = reply(
+            &q,
+            0,
+            &[Rr {
+                rtype: A,
+                ttl: 60,
+                rdata: &[1, 2, 3, 4],
+            }],
+            &[],
+        );
+        // An OPT record: its "TTL" field holds flags and must be left alone.
+        r[11] = 1;
+        r.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0x80, 0, 0, 0]);
+        assert!(c.put(key(&q), &r, t0));
+        let mut out = Vec::new();
+        let expired = t0 + Duration::from_secs(61);
+        assert!(!c.get_fresh(&key(&q), expired, &mut out));
+        assert!(c.get_stale(&key(&q), expired, &mut out));
+        assert_eq!(ttls(&out), [STALE_TTL]);
+        assert_eq!(
+            &out[out.len() - 4..out.len() - 2],
+            &[0x80, 0],
+            "OPT flags untouched"
+        );
+        assert!(c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3600), &mut out));
+        assert!(
+            !c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3601), &mut out),
+            "too stale"
+        );
+    }
+
+    #[test]
+    fn bounded_by_entries_and_bytes_evicting_least_recently_used() {
+        let limits = Limits {
+            entries: 3,
+            bytes: 1 << 20,
+            ..Limits::default()
+        };
+        let mut c = Cache::new(limits).unwrap();
+        let t0 = Instant::now();
+        let put = |c: &mut Cache, n: &str| {
+            let q = query(1, n, A, false);
+            assert!(c.put(
+                key(&q),
+                &reply(
+                    &q,
+                    0,
+                    &[Rr {
+                        rtype: A,
+                        ttl: 60,
+                        rdata: &[1, 2, 3, 4]
+                    }],
+                    &[]
+                ),
+                t0
+            ));
+        };
+        for n in ["a.x", "b.x", "c.x"] {
+            put(&mut c, n);
+        }
+        let mut out = Vec::new();
+        assert!(
+            c.get_fresh(&key(&query(1, "a.x", A, false)), t0, &mut out),
+            "touch a"
+        );
+        put(&mut c, "d.x");
+        assert_eq!(c.len(), 3);
+        assert!(
+            !c.get_fresh(&key(&query(1, "b.x", A, false)), t0, &mut out),
+            "b was least recently used"
+        );
+
+        let small = Limits {
+            entries: 1000,
+            bytes: 2000,
+            ..Limits::default()
+        };
+        let mut c = Cache::new(small).unwrap();
+        for i in 0..100 {
+            put(&mut c, &format!("n{i}.example"));
+            assert!(c.bytes() <= 2000, "byte cap holds: {}", c.bytes());
+        }
+        assert!(c.len() < 100 && !c.is_empty());
+        // Replacing an entry does not count it twice.
+        let before = c.bytes();
+        put(&mut c, "n99.example");
+        assert_eq!(c.bytes(), before);
+    }
+
+    #[test]
+    fn off_when_size_is_zero() {
+        assert!(
+            Cache::new(Limits {
+                entries: 0,
+                ..Limits::default()
+            })
+            .is_none()
+        );
+    }
+}
