@@ -50,6 +50,7 @@ FLAGS:
     --upstream-sockets N        UDP sockets (random source ports) per listener and family [default: 8]
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
     --no-link-setup             do not create the localdns link or add the listener addresses to it
+    --metrics ADDR              serve Prometheus metrics at http://ADDR/metrics [default: off]
     --log-level LEVEL           error, warn, info, debug or trace [default: info]
     --json                      with discover: print JSON
     -h, --help                  print this help
@@ -75,6 +76,8 @@ pub struct Config {
     pub tcp_idle_timeout: Duration,
     pub upstream_sockets: usize,
     pub bind_timeout: Duration,
+    /// Where to serve /metrics, if anywhere.
+    pub metrics: Option<SocketAddr>,
     /// Create link `localdns` and put the listener addresses on it if missing.
     pub link_setup: bool,
     pub log_level: tracing::Level,
@@ -103,6 +106,7 @@ impl Default for Config {
             upstream_sockets: 8,
             bind_timeout: Duration::from_secs(10),
             link_setup: true,
+            metrics: None,
             log_level: tracing::Level::INFO,
             cache: cache::Limits::default(),
             discovery: discover::Settings::default(),
@@ -180,6 +184,13 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
             "--cache-min-ttl" => config.cache.min_ttl = parse_duration_or_zero(&flag, &value()?)?,
             "--cache-max-ttl" => config.cache.max_ttl = parse_duration(&flag, &value()?)?,
             "--serve-stale" => config.cache.max_stale = parse_duration_or_zero(&flag, &value()?)?,
+            "--metrics" => {
+                let v = value()?;
+                config.metrics = Some(
+                    v.parse()
+                        .map_err(|_| format!("--metrics {v:?}: expected IP:PORT"))?,
+                )
+            }
             "--resolv-conf" => config.discovery.resolv_conf = value()?.into(),
             "--discovery" => {
                 config.discovery.sources =

@@ -27,6 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::cache::{Cache, Key};
 use crate::cli::Config;
+use crate::metrics::{ListenerStats, Metrics, Transport};
 use crate::systemd::Heartbeats;
 use crate::upstream::{Group, Upstreams};
 use crate::wire::{self, Reject, rcode};
@@ -157,6 +158,7 @@ struct Try {
     key: u32,
     upstream: SocketAddr,
     id: u16,
+    sent: Instant,
 }
 
 /// A client waiting for an answer: where to send it and how it asked (its ID, spelling and EDNS
@@ -207,6 +209,7 @@ pub struct UdpRelay {
     max_inflight: usize,
     groups: Arc<Groups>,
     cache: Option<Arc<Mutex<Cache>>>,
+    metrics: Arc<Metrics>,
     /// Upstream sockets `0..v4_sockets` are IPv4, the next `v6_sockets` IPv6.
     v4_sockets: usize,
     v6_sockets: usize,
@@ -230,6 +233,7 @@ impl UdpRelay {
         config: &Config,
         groups: Arc<Groups>,
         cache: Option<Arc<Mutex<Cache>>>,
+        metrics: Arc<Metrics>,
         (v4_sockets, v6_sockets): (usize, usize),
     ) -> UdpRelay {
         UdpRelay {
@@ -240,6 +244,7 @@ impl UdpRelay {
             max_inflight: config.max_inflight,
             groups,
             cache,
+            metrics,
             v4_sockets,
             v6_sockets,
             slots: Vec::new(),
@@ -262,6 +267,10 @@ impl UdpRelay {
         self.inflight
     }
 
+    fn stats(&self) -> &ListenerStats {
+        self.metrics.listener(self.listener)
+    }
+
     /// The earliest try deadline, for the IO loop's sleep.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse(t)| t.at)
@@ -273,7 +282,10 @@ impl UdpRelay {
         S: FnMut(Dest, &[u8]) -> io::Result<()>,
     {
         let (q, group) = match decide(self.listener, packet, &self.cluster_domain, &mut self.out) {
-            Decision::Drop => return,
+            Decision::Drop => {
+                self.stats().dropped();
+                return;
+            }
             Decision::Answered => {
                 let _ = sink(Dest::Client(client), &self.out);
                 return;
@@ -288,11 +300,13 @@ impl UdpRelay {
         let key = self.cache.as_ref().map(|_| Key::new(group, packet, &q));
         if let (Some(cache), Some(key)) = (&self.cache, &key) {
             if lock(cache).get_fresh(key, now, &mut self.scratch) {
+                self.stats().cache_hit();
                 let reply = std::mem::take(&mut self.scratch);
                 self.deliver(&reply, &asker, sink);
                 self.scratch = reply;
                 return;
             }
+            self.stats().cache_miss();
             if let Some(&slot) = self.waiting.get(key) {
                 if let Some(p) = self.slots[slot as usize].pending.as_mut() {
                     if p.followers.len() < MAX_FOLLOWERS {
@@ -305,6 +319,9 @@ impl UdpRelay {
         let upstreams = self.groups.get(group);
         // Shed load with an explicit REFUSED: the client learns at once and memory stays flat.
         let shed = self.inflight >= self.max_inflight;
+        if shed {
+            self.stats().shed();
+        }
         if shed || upstreams.is_empty() {
             let code = if shed {
                 rcode::REFUSED
@@ -424,7 +441,12 @@ impl UdpRelay {
                     break (key, id);
                 }
             };
-            p.tries[try_no] = Some(Try { key, upstream, id });
+            p.tries[try_no] = Some(Try {
+                key,
+                upstream,
+                id,
+                sent: now,
+            });
             let at = (now + self.upstream_timeout).min(p.deadline);
             self.out.clear();
             self.out.extend_from_slice(&p.asker.query);
@@ -437,6 +459,7 @@ impl UdpRelay {
                 generation,
                 try_no,
             }));
+            upstreams.note_sent(upstream);
             match sink(
                 Dest::Upstream {
                     socket,
@@ -486,6 +509,7 @@ impl UdpRelay {
         if !served {
             return false;
         }
+        self.stats().stale(1 + p.followers.len());
         let reply = std::mem::take(&mut self.scratch);
         for asker in std::iter::once(&p.asker).chain(&p.followers) {
             self.deliver(&reply, asker, sink);
@@ -529,7 +553,9 @@ impl UdpRelay {
         {
             return;
         }
-        self.groups.get(p.group).note_reply(from);
+        self.groups
+            .get(p.group)
+            .note_reply(from, now.saturating_duration_since(t.sent));
         let Some(p) = self.release(slot) else { return };
         let code = wire::rcode(packet);
         // An upstream that answers but cannot resolve is no better than a silent one when the
@@ -615,9 +641,14 @@ pub async fn serve_udp(
     let mut buf = vec![0u8; MAX_DATAGRAM];
     // A closed channel would make `changed()` ready forever; stop watching it then.
     let mut groups_open = true;
+    let stats = relay.metrics.clone();
+    let kind = relay.listener;
     let mut sink = |dest: Dest, bytes: &[u8]| -> io::Result<()> {
         match dest {
-            Dest::Client(to) => listener.try_send_to(bytes, to).map(drop),
+            Dest::Client(to) => {
+                stats.listener(kind).response(Transport::Udp, bytes);
+                listener.try_send_to(bytes, to).map(drop)
+            }
             Dest::Upstream { socket, to } => pool[socket].try_send_to(bytes, to).map(drop),
         }
     };
@@ -659,6 +690,7 @@ pub async fn serve_udp(
             }
         }
         relay.on_timers(Instant::now(), &mut sink);
+        stats.listener(kind).set_inflight(relay.inflight());
         if busy {
             // Let the other listener's task and the TCP tasks have the thread now and then.
             tokio::task::yield_now().await;
@@ -695,6 +727,7 @@ pub struct TcpContext {
     pub config: Arc<Config>,
     pub groups: watch::Receiver<Arc<Groups>>,
     pub cache: Option<Arc<Mutex<Cache>>>,
+    pub metrics: Arc<Metrics>,
     pub connections: Arc<Semaphore>,
 }
 
@@ -745,8 +778,11 @@ async fn tcp_connection(
     let (mut reader, mut writer) = stream.into_split();
     let (replies, mut outbox) = mpsc::channel::<Vec<u8>>(TCP_PIPELINE);
     let idle = ctx.config.tcp_idle_timeout;
+    let metrics = ctx.metrics.clone();
+    let kind = ctx.listener;
     let write_side = tokio::spawn(async move {
         while let Some(reply) = outbox.recv().await {
+            metrics.listener(kind).response(Transport::Tcp, &reply);
             let mut frame = Vec::with_capacity(reply.len() + 2);
             frame.extend_from_slice(&(reply.len() as u16).to_be_bytes());
             frame.extend_from_slice(&reply);
@@ -797,13 +833,17 @@ async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> io::Result<Opti
 /// UDP relays (no coalescing: TCP queries are few).
 async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
     let mut out = Vec::new();
+    let stats = ctx.metrics.listener(ctx.listener);
     let (q, group) = match decide(
         ctx.listener,
         &query,
         &ctx.config.cluster_domain_wire,
         &mut out,
     ) {
-        Decision::Drop => return None,
+        Decision::Drop => {
+            stats.dropped();
+            return None;
+        }
         Decision::Answered => return Some(out),
         Decision::Forward(q, group) => (q, group),
     };
@@ -820,12 +860,17 @@ async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
         let found = cache.get_stale(key, now, out);
         if found {
             cache.count_stale(now, 1);
+            stats.stale(1);
         }
         found
     };
     if from_cache(false, &mut out) {
+        stats.cache_hit();
         wire::restore_for_client(&mut out, q.id, q.question(&query));
         return Some(out);
+    }
+    if ctx.cache.is_some() {
+        stats.cache_miss();
     }
     let upstreams = ctx.groups.borrow().get(group).clone();
     let deadline = tokio::time::Instant::now() + ctx.config.query_timeout;
@@ -841,9 +886,11 @@ async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
         let mut message = query.clone();
         wire::set_id(&mut message, id);
         let budget = deadline.min(tokio::time::Instant::now() + ctx.config.upstream_timeout);
+        let sent = Instant::now();
+        upstreams.note_sent(upstream);
         let why = match tokio::time::timeout_at(budget, exchange_tcp(upstream, &message)).await {
             Ok(Ok(mut reply)) if wire::reply_matches(&reply, id, q.question(&query)) => {
-                upstreams.note_reply(upstream);
+                upstreams.note_reply(upstream, sent.elapsed());
                 let code = wire::rcode(&reply);
                 if (code == rcode::SERVFAIL || code == rcode::REFUSED) && from_cache(true, &mut out)
                 {
@@ -948,7 +995,7 @@ mod tests {
             });
             let cache = Cache::new(config.cache).map(|c| Arc::new(Mutex::new(c)));
             Rig {
-                relay: UdpRelay::new(listener, &config, groups, cache, (2, 2)),
+                relay: UdpRelay::new(listener, &config, groups, cache, Metrics::new(), (2, 2)),
                 sent: Vec::new(),
                 t0: Instant::now(),
             }

@@ -5,8 +5,10 @@
 //! - [`server`]: start-up and shutdown; binds the listeners and starts the workers.
 //! - [`listen`]: socket binding (IP_FREEBIND, bounded retry while a port is busy).
 //! - [`link`]: the `localdns` interface and its addresses, over rtnetlink.
+//! - [`metrics`]: counters, `/metrics` in Prometheus text format.
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
 //! - [`forward`]: the forwarding path, UDP and TCP: routing, relaying, retries, SERVFAIL.
+//! - [`cache`]: the answer cache with serve-stale.
 //! - [`upstream`]: upstream groups and their passive health (who is tried next).
 //! - [`wire`]: DNS wire-format checks and edits on packet bytes, without a full parse.
 //! - [`discover`]: upstreams from the node's own state, one file per source, and following them.
@@ -21,6 +23,7 @@ pub mod discover;
 pub mod forward;
 pub mod link;
 pub mod listen;
+pub mod metrics;
 pub mod server;
 pub mod systemd;
 pub mod upstream;

@@ -13,8 +13,9 @@ use crate::cache::Cache;
 use crate::cli::Config;
 use crate::discover::follow::{self, Owned};
 use crate::forward::{self, Groups, Listener, TcpContext, UdpRelay};
+use crate::metrics::{self, Metrics};
 use crate::systemd::{self, Heartbeats, Notifier};
-use crate::upstream::Upstreams;
+use crate::upstream::{Group, Upstreams};
 use crate::{link, listen};
 
 /// How long queries already read may take to finish after the listeners close (TCP clients in
@@ -27,10 +28,27 @@ const FIRST_LOOK: Duration = Duration::from_secs(3);
 /// Serves until `shutdown` completes, then stops cleanly.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let config = Arc::new(config);
+    let metrics = Metrics::new();
     let groups = Arc::new(Groups {
-        node: Arc::new(Upstreams::new(config.node_upstreams.clone())),
-        cluster: Arc::new(Upstreams::new(config.cluster_upstreams.clone())),
+        node: Arc::new(Upstreams::counted(
+            config.node_upstreams.clone(),
+            Group::Node,
+            &metrics,
+        )),
+        cluster: Arc::new(Upstreams::counted(
+            config.cluster_upstreams.clone(),
+            Group::Cluster,
+            &metrics,
+        )),
     });
+    for (group, given) in [
+        (Group::Node, &config.node_upstreams),
+        (Group::Cluster, &config.cluster_upstreams),
+    ] {
+        if !given.is_empty() {
+            metrics.upstreams_changed(group, "flag");
+        }
+    }
     // Discovery publishes new upstream sets here; workers pick them up between datagrams.
     let (publish, groups_rx) = watch::channel(groups);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -40,6 +58,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     if config.link_setup {
         set_up_link(&config)?;
     }
+    let metrics_listener = match config.metrics {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     let (node, cluster) = tokio::try_join!(
         listen::bind_listener(config.node_listen, config.bind_timeout),
         listen::bind_listener(config.cluster_listen, config.bind_timeout),
@@ -59,6 +85,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             owned,
             listeners,
             publish,
+            metrics.clone(),
             first_tx,
             stop_rx.clone(),
         )));
@@ -91,6 +118,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             &config,
             groups.clone(),
             cache.clone(),
+            metrics.clone(),
             (v4_count, v6_count),
         );
         log_listener(listener, addr, &groups, &config, &bound.udp);
@@ -108,6 +136,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             config: config.clone(),
             groups: groups_rx.clone(),
             cache: cache.clone(),
+            metrics: metrics.clone(),
             connections: Arc::new(Semaphore::new(config.max_tcp_connections)),
         });
         tasks.push(tokio::spawn(forward::serve_tcp(
@@ -119,11 +148,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     tracing::info!("ready");
     notifier.notify("READY=1");
-    let status = tokio::spawn(keep_status(
+    let status = tokio::spawn(report_status(
         notifier.clone(),
         config.clone(),
         groups_rx.clone(),
+        metrics.clone(),
     ));
+    let metrics_server = metrics_listener.map(|listener| {
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
+        tokio::spawn(metrics::serve(
+            listener,
+            metrics.clone(),
+            groups_rx.clone(),
+            cache.clone(),
+        ))
+    });
     let watchdog = Notifier::watchdog_timeout().map(|timeout| {
         tracing::info!(?timeout, "feeding the systemd watchdog");
         tokio::spawn(systemd::watchdog(
@@ -137,6 +176,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     notifier.notify("STOPPING=1");
     tracing::info!("stopping: closing listeners");
     status.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     if let Some(w) = watchdog {
         w.abort();
     }
@@ -169,39 +211,59 @@ fn set_up_link(config: &Config) -> Result<(), String> {
     Ok(())
 }
 
-/// Keeps systemd's STATUS= line saying what is served and by whom, so `systemctl status` tells.
-async fn keep_status(
+/// How often a summary line is logged (and systemd's STATUS= refreshed) while serving.
+const SUMMARY_EVERY: Duration = Duration::from_secs(60);
+
+/// Keeps systemd's STATUS= line current (what is served, by whom, how it went in the last
+/// minute), so `systemctl status` tells at a glance, and logs the same summary every minute.
+async fn report_status(
     notifier: Arc<Notifier>,
     config: Arc<Config>,
     mut groups: watch::Receiver<Arc<Groups>>,
+    metrics: Arc<Metrics>,
 ) {
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + SUMMARY_EVERY, SUMMARY_EVERY);
+    let mut last = metrics.totals();
+    let mut minute = (0, 0, 0, 0);
     loop {
-        let line = {
+        let (vnet_dns, kube_dns) = {
             let g = groups.borrow_and_update();
-            let list = |u: &Upstreams| {
-                if u.is_empty() {
-                    "none".to_string()
-                } else {
-                    u.addrs()
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                }
-            };
-            format!(
-                "STATUS=serving {} and {}; VNet DNS: {}; kube-dns: {}",
-                config.node_listen,
-                config.cluster_listen,
-                list(&g.node),
-                list(&g.cluster)
-            )
+            (list(&g.node), list(&g.cluster))
         };
-        notifier.notify(&line);
-        if groups.changed().await.is_err() {
-            return;
+        notifier.notify(&format!(
+            "STATUS=serving {} and {}; last minute: {} answers, {} SERVFAIL, {} stale, {} shed; VNet DNS: {vnet_dns}; kube-dns: {kube_dns}",
+            config.node_listen, config.cluster_listen, minute.0, minute.1, minute.2, minute.3
+        ));
+        tokio::select! {
+            _ = ticker.tick() => {
+                let now = metrics.totals();
+                minute = (now.0 - last.0, now.1 - last.1, now.2 - last.2, now.3 - last.3);
+                last = now;
+                tracing::info!(
+                    answers = minute.0,
+                    servfail = minute.1,
+                    stale = minute.2,
+                    shed = minute.3,
+                    vnet_dns,
+                    kube_dns,
+                    "serving; the last minute"
+                );
+            }
+            changed = groups.changed() => if changed.is_err() { return },
         }
     }
+}
+
+fn list(u: &Upstreams) -> String {
+    if u.is_empty() {
+        return "none".to_string();
+    }
+    u.addrs()
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The upstream sockets of one listener: `--upstream-sockets` per address family that its groups

@@ -5,8 +5,11 @@
 //! server is ever excluded, and when every server is suspect they are all still tried.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::metrics::{Metrics, UpstreamStats};
 
 /// How often a warning about one upstream may be logged.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -44,10 +47,24 @@ pub struct Upstreams {
     cursor: AtomicUsize,
     /// Failures of any server, ever: discovery looks again early when this climbs.
     failures: AtomicU64,
+    /// Per server counters for /metrics; they outlive this set (see `Metrics::upstream`).
+    stats: Vec<Arc<UpstreamStats>>,
 }
 
 impl Upstreams {
+    /// A group whose counters are its own (tests, and sets never exported).
     pub fn new(addrs: Vec<SocketAddr>) -> Upstreams {
+        let stats = addrs.iter().map(|_| Arc::default()).collect();
+        Upstreams::with_stats(addrs, stats)
+    }
+
+    /// A group counting into `metrics`, where the counters of a server stay across set changes.
+    pub fn counted(addrs: Vec<SocketAddr>, group: Group, metrics: &Metrics) -> Upstreams {
+        let stats = addrs.iter().map(|a| metrics.upstream(group, *a)).collect();
+        Upstreams::with_stats(addrs, stats)
+    }
+
+    fn with_stats(addrs: Vec<SocketAddr>, stats: Vec<Arc<UpstreamStats>>) -> Upstreams {
         let n = addrs.len();
         Upstreams {
             addrs,
@@ -57,6 +74,7 @@ impl Upstreams {
             epoch: Instant::now(),
             cursor: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
+            stats,
         }
     }
 
@@ -113,9 +131,17 @@ impl Upstreams {
         self.addrs.iter().position(|a| *a == addr)
     }
 
-    /// Any well-formed reply proves the server alive.
-    pub fn note_reply(&self, addr: SocketAddr) {
+    /// A try is on its way to `addr`.
+    pub fn note_sent(&self, addr: SocketAddr) {
         if let Some(i) = self.index(addr) {
+            self.stats[i].queries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Any well-formed reply proves the server alive. `took` is the time since its try was sent.
+    pub fn note_reply(&self, addr: SocketAddr, took: Duration) {
+        if let Some(i) = self.index(addr) {
+            self.stats[i].latency.observe(took);
             if self.suspect[i].load(Ordering::Relaxed) {
                 self.suspect[i].store(false, Ordering::Relaxed);
                 tracing::info!(upstream = %addr, "upstream answers again");
@@ -128,6 +154,7 @@ impl Upstreams {
     pub fn note_failure(&self, addr: SocketAddr, group: Group, why: &str) {
         let Some(i) = self.index(addr) else { return };
         self.failures.fetch_add(1, Ordering::Relaxed);
+        self.stats[i].failures.fetch_add(1, Ordering::Relaxed);
         self.suspect[i].store(true, Ordering::Relaxed);
         let missed = self.timeouts[i].fetch_add(1, Ordering::Relaxed) + 1;
         let now_ms = self.epoch.elapsed().as_millis() as u64 + 1;
@@ -193,7 +220,7 @@ mod tests {
             Some(addr(1)),
             "never excluded"
         );
-        u.note_reply(addr(1));
+        u.note_reply(addr(1), Duration::ZERO);
         assert_eq!(u.pick(0, &[]), Some(addr(1)));
     }
 
@@ -225,7 +252,7 @@ mod tests {
     fn unknown_addresses_are_ignored() {
         let u = three();
         u.note_failure(addr(200), Group::Node, "timed out");
-        u.note_reply(addr(200));
+        u.note_reply(addr(200), Duration::ZERO);
         assert_eq!(u.pick(0, &[]), Some(addr(1)));
     }
 }

@@ -60,6 +60,13 @@ fn help_lists_every_flag_and_version_prints() {
         "--cilium-socket",
         "--rediscover-interval",
         "--json",
+        "--metrics",
+        "--no-link-setup",
+        "--cache-size",
+        "--cache-bytes",
+        "--cache-min-ttl",
+        "--cache-max-ttl",
+        "--serve-stale",
     ] {
         assert!(help.contains(flag), "help mentions {flag}");
     }

@@ -555,9 +555,27 @@ fn tcp_pipelining_idle_timeout_and_connection_cap() {
     topo.node.enter(|| {
         use std::io::Read;
         // Two idle connections fill the cap; a third is closed at once.
-        let a = std::net::TcpStream::connect(cluster).unwrap();
-        let b = std::net::TcpStream::connect(cluster).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
+        use std::io::Write;
+        // Each answers one query first, so both surely hold a slot (no guessing with sleeps);
+        // retried while the slot of the pipelining connection above is still being released.
+        let open = || {
+            poll_until(Duration::from_secs(3), || {
+                let mut s = std::net::TcpStream::connect(cluster).ok()?;
+                let q = make_query("health-check.localdns.local", RecordType::A, 7, None);
+                let mut frame = (q.len() as u16).to_be_bytes().to_vec();
+                frame.extend_from_slice(&q);
+                s.write_all(&frame).ok()?;
+                s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+                let mut len = [0u8; 2];
+                s.read_exact(&mut len).ok()?;
+                let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+                s.read_exact(&mut reply).ok()?;
+                Some(s)
+            })
+            .expect("a connection within the cap is served")
+        };
+        let a = open();
+        let b = open();
         let mut c = std::net::TcpStream::connect(cluster).unwrap();
         c.set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();

@@ -11,6 +11,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::{KubeDnsFinding, Settings, explain, find_kube_dns, resolv_conf};
 use crate::forward::Groups;
+use crate::metrics::Metrics;
 use crate::upstream::{Group, Upstreams};
 
 /// How often resolv.conf is checked (a `stat`; read only when it changed).
@@ -38,6 +39,7 @@ pub async fn follow(
     owned: Owned,
     listeners: Vec<IpAddr>,
     publish: watch::Sender<Arc<Groups>>,
+    metrics: Arc<Metrics>,
     first_pass: oneshot::Sender<()>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -55,7 +57,7 @@ pub async fn follow(
             if stamp.is_none() || stamp != resolv_stamp {
                 resolv_stamp = stamp;
                 let found = resolv_conf::read(&settings.resolv_conf, &listeners);
-                node_update(&publish, &settings, found, &mut node_said);
+                node_update(&publish, &metrics, &settings, found, &mut node_said);
             }
         }
         if owned.cluster {
@@ -73,7 +75,7 @@ pub async fn follow(
                 failures_at_look = failures;
                 let s = settings.clone();
                 if let Ok(finding) = tokio::task::spawn_blocking(move || find_kube_dns(&s)).await {
-                    cluster_update(&publish, &settings, finding, &mut cluster_said);
+                    cluster_update(&publish, &metrics, &settings, finding, &mut cluster_said);
                 }
                 look_took = started.elapsed();
             }
@@ -90,6 +92,7 @@ pub async fn follow(
 
 fn node_update(
     publish: &watch::Sender<Arc<Groups>>,
+    metrics: &Metrics,
     settings: &Settings,
     found: Result<Vec<SocketAddr>, String>,
     said: &mut Option<String>,
@@ -99,6 +102,7 @@ fn node_update(
         Ok(servers) if !servers.is_empty() => {
             swap(
                 publish,
+                metrics,
                 Group::Node,
                 servers,
                 &format!("resolv.conf {path}"),
@@ -131,12 +135,19 @@ fn node_update(
 
 fn cluster_update(
     publish: &watch::Sender<Arc<Groups>>,
+    metrics: &Metrics,
     settings: &Settings,
     finding: KubeDnsFinding,
     said: &mut Option<String>,
 ) {
     if let Some(source) = finding.source {
-        swap(publish, Group::Cluster, finding.upstreams, source.name());
+        swap(
+            publish,
+            metrics,
+            Group::Cluster,
+            finding.upstreams,
+            source.name(),
+        );
         *said = None;
         return;
     }
@@ -158,6 +169,7 @@ fn cluster_update(
 /// Publishes `servers` for `group` if they differ from the set in force.
 fn swap(
     publish: &watch::Sender<Arc<Groups>>,
+    metrics: &Metrics,
     group: Group,
     servers: Vec<SocketAddr>,
     source: &str,
@@ -174,7 +186,8 @@ fn swap(
         new = ?servers,
         "upstreams changed"
     );
-    let fresh = Arc::new(Upstreams::new(servers));
+    metrics.upstreams_changed(group, source);
+    let fresh = Arc::new(Upstreams::counted(servers, group, metrics));
     let groups = match group {
         Group::Node => Groups {
             node: fresh,

@@ -1,0 +1,288 @@
+//! What a node engineer sees: `/metrics` scraped with curl and checked by promtool, counters that
+//! move by exactly the queries sent, and a metrics endpoint that hostile HTTP clients cannot use
+//! to slow DNS down.
+
+mod common;
+
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const METRICS: &str = "127.0.0.1:9355";
+const ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+
+struct Rig {
+    topo: Topology,
+    _up: Upstream,
+    _resp: Responder,
+    fwd: Forwarder,
+}
+
+fn rig() -> Rig {
+    require_root_and_tools(&["ip", "dig", "curl", "promtool"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let resp = Responder::start(&up.ns, up.sock_v4(), Mode::Normal { answer_v4: ANSWER });
+    let upstream = up.sock_v4().to_string();
+    let args: Vec<String> = [
+        "--node-upstream",
+        &upstream,
+        "--cluster-upstream",
+        &upstream,
+        "--metrics",
+        METRICS,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let fwd = Forwarder::spawn(&topo.node, &args);
+    fwd.wait_ready(
+        &topo.node,
+        "169.254.10.11:53".parse().unwrap(),
+        Duration::from_secs(10),
+    );
+    fwd.wait_ready(
+        &topo.node,
+        "169.254.10.10:53".parse().unwrap(),
+        Duration::from_secs(10),
+    );
+    Rig {
+        topo,
+        _up: up,
+        _resp: resp,
+        fwd,
+    }
+}
+
+impl Rig {
+    fn scrape(&self) -> String {
+        let out = self
+            .topo
+            .node
+            .exec(
+                "curl",
+                [
+                    "-sS",
+                    "--max-time",
+                    "5",
+                    &format!("http://{METRICS}/metrics"),
+                ],
+            )
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "curl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn dig(&self, listener: &str, args: &[&str]) -> DigResult {
+        let mut all = vec![listener];
+        all.extend_from_slice(args);
+        dig(&self.topo.node, &all)
+    }
+}
+
+/// The value of the sample `name{labels}` (labels exactly as rendered), or 0 if absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+fn promtool_check(text: &str) {
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn responses(listener: &str, transport: &str, rcode: &str) -> String {
+    format!(
+        "localdns_fallback_responses_total{{listener=\"{listener}\",transport=\"{transport}\",rcode=\"{rcode}\"}}"
+    )
+}
+
+#[test]
+fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
+    let r = rig();
+    let before = r.scrape();
+    promtool_check(&before);
+    for i in 0..3 {
+        assert_eq!(
+            r.dig("@169.254.10.11", &[&format!("n{i}.svc.cluster.local")])
+                .status,
+            "NOERROR"
+        );
+    }
+    for i in 0..2 {
+        assert_eq!(
+            r.dig("@169.254.10.10", &[&format!("nx.gone{i}.example")])
+                .status,
+            "NXDOMAIN"
+        );
+    }
+    assert_eq!(
+        r.dig("@169.254.10.10", &["tcp.example", "+tcp"]).status,
+        "NOERROR"
+    );
+    assert_eq!(
+        r.dig("@169.254.10.11", &["servfail.example"]).status,
+        "SERVFAIL"
+    );
+    assert_eq!(
+        r.dig("@169.254.10.11", &["n0.svc.cluster.local"]).status,
+        "NOERROR"
+    ); // a cache hit
+    let after = r.scrape();
+    promtool_check(&after);
+    let delta = |series: &str| sample(&after, series) - sample(&before, series);
+    assert_eq!(
+        delta(&responses("cluster", "udp", "NOERROR")),
+        4.0,
+        "{after}"
+    );
+    assert_eq!(delta(&responses("cluster", "udp", "SERVFAIL")), 1.0);
+    assert_eq!(delta(&responses("node", "udp", "NXDOMAIN")), 2.0);
+    assert_eq!(delta(&responses("node", "tcp", "NOERROR")), 1.0);
+    assert_eq!(
+        delta(&responses("node", "udp", "NOERROR")),
+        0.0,
+        "wait_ready's probes came before"
+    );
+    assert_eq!(
+        delta("localdns_fallback_cache_hits_total{listener=\"cluster\"}"),
+        1.0
+    );
+    assert_eq!(
+        delta("localdns_fallback_cache_misses_total{listener=\"cluster\"}"),
+        4.0
+    );
+    let upstream = format!("{{group=\"cluster\",upstream=\"{}\"}}", r._up.sock_v4());
+    assert_eq!(
+        delta(&format!(
+            "localdns_fallback_upstream_queries_total{upstream}"
+        )),
+        4.0
+    );
+    assert_eq!(
+        delta(&format!(
+            "localdns_fallback_upstream_duration_seconds_count{upstream}"
+        )),
+        4.0
+    );
+    let node_up = format!("{{group=\"node\",upstream=\"{}\"}}", r._up.sock_v4());
+    assert_eq!(
+        delta(&format!(
+            "localdns_fallback_upstream_queries_total{node_up}"
+        )),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "localdns_fallback_upstreams{group=\"cluster\",source=\"flag\"}"
+        ),
+        1.0
+    );
+    assert!(sample(&after, "localdns_fallback_cache_entries") >= 4.0);
+    assert!(sample(&after, "process_start_time_seconds") > 1.7e9);
+    assert!(after.contains("localdns_fallback_build_info{version=\""));
+}
+
+#[test]
+fn hostile_http_clients_do_not_delay_dns() {
+    let r = rig();
+    let metrics: SocketAddr = METRICS.parse().unwrap();
+    let slow = r.topo.node.enter(|| {
+        // Slow and junk clients: more than the endpoint serves at once.
+        let mut conns = Vec::new();
+        for i in 0..12 {
+            let mut s = TcpStream::connect(metrics).unwrap();
+            let junk: &[u8] = if i % 2 == 0 {
+                b"G"
+            } else {
+                b"\x16\x03\x01\x00\xa5garbage"
+            };
+            s.write_all(junk).unwrap();
+            conns.push(s);
+        }
+        conns
+    });
+    let started = Instant::now();
+    for i in 0..5 {
+        let d = r.dig("@169.254.10.11", &[&format!("busy{i}.example")]);
+        assert_eq!(d.status, "NOERROR");
+        assert!(
+            d.elapsed < Duration::from_secs(1),
+            "DNS unaffected: {:?}",
+            d.elapsed
+        );
+    }
+    // Once the slow clients hit the request deadline, scraping works again.
+    let text = poll_until(Duration::from_secs(6), || {
+        let out = r
+            .topo
+            .node
+            .exec(
+                "curl",
+                [
+                    "-s",
+                    "--max-time",
+                    "2",
+                    &format!("http://{METRICS}/metrics"),
+                ],
+            )
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+    .expect("scrape after the slow clients were cut off");
+    assert!(text.contains("localdns_fallback_responses_total"));
+    assert!(started.elapsed() < Duration::from_secs(8));
+    let not_found = r
+        .topo
+        .node
+        .exec(
+            "curl",
+            [
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                &format!("http://{METRICS}/"),
+            ],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&not_found.stdout), "404");
+    drop(slow);
+    assert!(r.fwd.is_running());
+}
