@@ -49,6 +49,8 @@ FLAGS:
                                 ago, with TTL 30; 0 turns it off [default: 1h]
     --upstream-sockets N        UDP sockets (random source ports) per listener and family [default: 8]
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
+    --allow-wildcard            allow a wildcard listen address (0.0.0.0, ::): off, because it would
+                                answer on every interface of the node
     --no-link-setup             do not create the localdns link or add the listener addresses to it
     --metrics ADDR              serve Prometheus metrics at http://ADDR/metrics [default: off]
     --log-level LEVEL           error, warn, info, debug or trace [default: info]
@@ -76,6 +78,8 @@ pub struct Config {
     pub tcp_idle_timeout: Duration,
     pub upstream_sockets: usize,
     pub bind_timeout: Duration,
+    /// Listening on 0.0.0.0/:: would make the node an open resolver on every interface.
+    pub allow_wildcard: bool,
     /// Where to serve /metrics, if anywhere.
     pub metrics: Option<SocketAddr>,
     /// Create link `localdns` and put the listener addresses on it if missing.
@@ -107,6 +111,7 @@ impl Default for Config {
             bind_timeout: Duration::from_secs(10),
             link_setup: true,
             metrics: None,
+            allow_wildcard: false,
             log_level: tracing::Level::INFO,
             cache: cache::Limits::default(),
             discovery: discover::Settings::default(),
@@ -143,6 +148,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
             "-V" | "--version" => return Ok(Command::Version),
             "--json" if discover => {
                 json = true;
+                continue;
+            }
+            "--allow-wildcard" => {
+                config.allow_wildcard = true;
                 continue;
             }
             "--no-link-setup" => {
@@ -251,6 +260,17 @@ fn check(c: &Config) -> Result<(), String> {
             "--cache-min-ttl {:?} is longer than --cache-max-ttl {:?}",
             c.cache.min_ttl, c.cache.max_ttl
         ));
+    }
+    for (flag, addr) in [
+        ("--node-listen", c.node_listen),
+        ("--cluster-listen", c.cluster_listen),
+    ] {
+        if addr.ip().is_unspecified() && !c.allow_wildcard {
+            return Err(format!(
+                "{flag} {addr} is a wildcard address: it would answer on every interface of the node; \
+                 give the listener address, or add --allow-wildcard"
+            ));
+        }
     }
     if c.node_listen == c.cluster_listen {
         return Err(format!(
@@ -402,6 +422,9 @@ mod tests {
         assert!(err(&["--upstream-timeout", "3s"]).contains("longer than"));
         assert!(err(&["--cluster-upstream", "169.254.10.11"]).contains("loop"));
         assert!(err(&["--log-level", "loud"]).contains("--log-level"));
+        assert!(err(&["--cluster-listen", "0.0.0.0:53"]).contains("wildcard"));
+        assert!(err(&["--node-listen", "[::]:53"]).contains("wildcard"));
+        assert!(run(&["--node-listen", "0.0.0.0:5353", "--allow-wildcard"]).is_ok());
         assert!(err(&["--node-listen"]).contains("needs a value"));
     }
 

@@ -6,6 +6,7 @@
 //! - [`listen`]: socket binding (IP_FREEBIND, bounded retry while a port is busy).
 //! - [`link`]: the `localdns` interface and its addresses, over rtnetlink.
 //! - [`metrics`]: counters, `/metrics` in Prometheus text format.
+//! - [`privilege`]: dropping capabilities once start-up is done.
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
 //! - [`forward`]: the forwarding path, UDP and TCP: routing, relaying, retries, SERVFAIL.
 //! - [`cache`]: the answer cache with serve-stale.
@@ -24,6 +25,7 @@ pub mod forward;
 pub mod link;
 pub mod listen;
 pub mod metrics;
+pub mod privilege;
 pub mod server;
 pub mod systemd;
 pub mod upstream;

@@ -11,12 +11,13 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::cache::Cache;
 use crate::cli::Config;
+use crate::discover::Source;
 use crate::discover::follow::{self, Owned};
 use crate::forward::{self, Groups, Listener, TcpContext, UdpRelay};
 use crate::metrics::{self, Metrics};
 use crate::systemd::{self, Heartbeats, Notifier};
 use crate::upstream::{Group, Upstreams};
-use crate::{link, listen};
+use crate::{link, listen, privilege};
 
 /// How long queries already read may take to finish after the listeners close (TCP clients in
 /// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
@@ -75,6 +76,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         node: config.node_upstreams.is_empty(),
         cluster: config.cluster_upstreams.is_empty(),
     };
+    drop_privileges(&config, owned);
     let mut tasks = Vec::new();
     let mut _publish_kept = None;
     if owned.node || owned.cluster {
@@ -191,6 +193,32 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let drained = tokio::time::timeout(DRAIN, drain_rx.recv()).await.is_ok();
     tracing::info!(drained, "stopped");
     Ok(())
+}
+
+/// Everything that needed privilege is done (ports bound, link set up): keep only what discovery
+/// still needs to read kube-proxy's rules, or nothing at all.
+fn drop_privileges(config: &Config, owned: Owned) {
+    if !nix::unistd::geteuid().is_root() {
+        tracing::debug!("not root: no capabilities to drop");
+        return;
+    }
+    let reads_rules = owned.cluster
+        && config
+            .discovery
+            .sources
+            .iter()
+            .any(|s| matches!(s, Source::Iptables | Source::Nftables | Source::Ipvs));
+    // iptables, nft and ipvsadm talk netlink/netfilter (CAP_NET_ADMIN); iptables-legacy also opens
+    // a raw socket (CAP_NET_RAW).
+    let keep: Vec<u32> = if reads_rules {
+        vec![privilege::CAP_NET_ADMIN, privilege::CAP_NET_RAW]
+    } else {
+        Vec::new()
+    };
+    match privilege::keep_only(&keep) {
+        Ok(()) => tracing::info!(kept = ?privilege::names(&keep), "dropped every other capability"),
+        Err(e) => tracing::warn!("{e}; running with the capabilities it was started with"),
+    }
 }
 
 /// Makes sure link `localdns` exists, is up and carries the listener addresses. Loopback and

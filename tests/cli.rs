@@ -26,6 +26,7 @@ fn bad_flags_are_one_line_and_exit_2() {
         ),
         (&["--cluster-upstream", "169.254.10.11"], "loop"),
         (&["--discovery", "dns-magic"], "\"dns-magic\""),
+        (&["--node-listen", "0.0.0.0:53"], "wildcard"),
     ] {
         let (code, stdout, stderr) = run(args);
         assert_eq!(code, 2, "{args:?}: {stderr}");
@@ -62,6 +63,7 @@ fn help_lists_every_flag_and_version_prints() {
         "--json",
         "--metrics",
         "--no-link-setup",
+        "--allow-wildcard",
         "--cache-size",
         "--cache-bytes",
         "--cache-min-ttl",
