@@ -19,7 +19,8 @@ const BIND_RETRY: Duration = Duration::from_millis(100);
 
 /// Both sockets of one listener.
 pub struct Bound {
-    pub udp: tokio::net::UdpSocket,
+    /// Non-blocking; served by a thread of its own, not by the async runtime (see `forward`).
+    pub udp: std::net::UdpSocket,
     pub tcp: tokio::net::TcpListener,
 }
 
@@ -30,8 +31,7 @@ pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound
     loop {
         match bind_pair(addr) {
             Ok((udp, tcp)) => {
-                let udp = tokio::net::UdpSocket::from_std(udp.into())
-                    .map_err(|e| format!("cannot register UDP socket {addr}: {e}"))?;
+                let udp = udp.into();
                 let tcp = tokio::net::TcpListener::from_std(tcp.into())
                     .map_err(|e| format!("cannot register TCP socket {addr}: {e}"))?;
                 return Ok(Bound { udp, tcp });
@@ -82,7 +82,7 @@ fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket>
 }
 
 /// A UDP socket for talking to upstreams: wildcard address, a port picked at random by the kernel.
-pub fn upstream_socket(ipv6: bool) -> io::Result<tokio::net::UdpSocket> {
+pub fn upstream_socket(ipv6: bool) -> io::Result<std::net::UdpSocket> {
     let any: SocketAddr = if ipv6 { "[::]:0" } else { "0.0.0.0:0" }
         .parse()
         .expect("literal");
@@ -93,11 +93,11 @@ pub fn upstream_socket(ipv6: bool) -> io::Result<tokio::net::UdpSocket> {
     socket.set_nonblocking(true)?;
     let _ = socket.set_recv_buffer_size(RECV_BUFFER);
     socket.bind(&any.into())?;
-    tokio::net::UdpSocket::from_std(socket.into())
+    Ok(socket.into())
 }
 
 /// The receive and send buffers the kernel actually granted, for the start-up log.
-pub fn buffers(socket: &tokio::net::UdpSocket) -> (usize, usize) {
+pub fn buffers(socket: &std::net::UdpSocket) -> (usize, usize) {
     let s = socket2::SockRef::from(socket);
     (
         s.recv_buffer_size().unwrap_or(0),

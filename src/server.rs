@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::UdpSocket;
+use std::net::UdpSocket;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::cache::Cache;
@@ -53,6 +53,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // Discovery publishes new upstream sets here; workers pick them up between datagrams.
     let (publish, groups_rx) = watch::channel(groups);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let udp_stop = forward::Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
+    let mut udp_threads = Vec::new();
     let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
     let notifier = Arc::new(Notifier::from_env());
 
@@ -125,14 +127,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         );
         log_listener(listener, addr, &groups, &config, &bound.udp);
         let pool = v4.into_iter().chain(v6).collect();
-        tasks.push(tokio::spawn(forward::serve_udp(
-            bound.udp,
-            pool,
-            relay,
-            groups_rx.clone(),
-            stop_rx.clone(),
-            (heartbeats.clone(), beat),
-        )));
+        let (relay_groups, stop, beats) = (groups_rx.clone(), udp_stop.clone(), heartbeats.clone());
+        let udp = bound.udp;
+        let thread = std::thread::Builder::new()
+            .name(format!("udp-{}", listener.name()))
+            .spawn(move || forward::serve_udp(udp, pool, relay, relay_groups, stop, (beats, beat)))
+            .map_err(|e| format!("cannot start the UDP thread: {e}"))?;
+        udp_threads.push(thread);
         let ctx = Arc::new(TcpContext {
             listener,
             config: config.clone(),
@@ -185,6 +186,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         w.abort();
     }
     let _ = stop_tx.send(true);
+    udp_stop.stop();
+    for thread in udp_threads {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
     for task in tasks {
         let _ = task.await;
     }
