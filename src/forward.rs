@@ -677,7 +677,12 @@ pub fn serve_udp(
                 stats.listener(kind).response(Transport::Udp, bytes);
                 listener.send_to(bytes, to).map(drop)
             }
-            Dest::Upstream { socket, to } => pool[socket].send_to(bytes, to).map(drop),
+            // A full send queue is congestion here, not a fault of the upstream: the datagram is
+            // lost like any other and the try's timer moves the query on.
+            Dest::Upstream { socket, to } => match pool[socket].send_to(bytes, to) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+                other => other.map(drop),
+            },
         }
     };
     let mut fds: Vec<PollFd> = std::iter::once(listener.as_fd())

@@ -92,6 +92,7 @@ pub fn upstream_socket(ipv6: bool) -> io::Result<std::net::UdpSocket> {
     }
     socket.set_nonblocking(true)?;
     let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+    let _ = socket.set_send_buffer_size(SEND_BUFFER);
     socket.bind(&any.into())?;
     Ok(socket.into())
 }

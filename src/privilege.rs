@@ -31,19 +31,23 @@ struct CapData {
 /// ambient ones, and removes every other capability from the bounding set.
 pub fn keep_only(keep: &[u32]) -> Result<(), String> {
     // The bounding set first: dropping from it needs CAP_SETPCAP, which the capset below removes.
+    // Capabilities the service manager already left out of it need no dropping.
     for cap in 0..=CAP_LAST_KNOWN {
         if keep.contains(&cap) {
             continue;
         }
         // SAFETY: prctl with integer arguments only; EINVAL for numbers the kernel does not know.
+        match unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) } {
+            0 => continue,
+            1 => {}
+            _ => break, // past the kernel's last capability
+        }
+        // SAFETY: as above.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
         if rc != 0 {
             let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EINVAL) {
-                break; // past the kernel's last capability
-            }
             return Err(format!(
-                "cannot drop capability {cap} from the bounding set: {err}"
+                "cannot drop capability {cap} from the bounding set (is CAP_SETPCAP in it?): {err}"
             ));
         }
     }

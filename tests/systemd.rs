@@ -1,0 +1,1563 @@
+//! End to end under a real systemd as PID 1 (issue 4): our units and binary inside containers booted
+//! with `systemd-nspawn --boot`, on two systemd generations, against a stand-in LocalDNS shaped like
+//! AKS's `localdns.service`.
+//!
+//! - Debian 12 "bookworm", systemd 252: `OnFailure=` fires once, at the terminal failure (like AKS's
+//!   Ubuntu 22.04);
+//! - Debian 13 "trixie", systemd 257: `OnFailure=` fires on every failed start attempt (like Ubuntu
+//!   24.04), so the fallback's `ExecCondition=` gate is exercised.
+//!
+//! Each test boots its own container from a cached root file system (`tests/systemd/build-rootfs.sh`,
+//! built once under `/var/cache/localdns-fallback-tests/`) with `--volatile=overlay`, so it starts
+//! clean and never writes to the cache. The container has its own network namespace
+//! (`--private-network`): the stand-in LocalDNS (`tests/systemd/localdns.{service,sh}`), VNet DNS and
+//! kube-dns pod (`tests/systemd/upstreams.sh`) and every query the tests send live inside it. The
+//! test drives the container with `systemctl`/`journalctl` run inside it through `nsenter` (there is
+//! no machined on a host without systemd), and queries it with the host's `dig` entered into the
+//! container's network namespace. Each answer's address says who gave it (`tests/systemd/markers.env`).
+//!
+//! Teardown (also on panic): every container runs in a cgroup of its own, created by the test; `Drop`
+//! kills that whole cgroup (`cgroup.kill`: the container, nspawn and anything they started), then
+//! removes the cgroups and the temporary directory. The network namespace and the overlay go away
+//! with the last process. If the test process itself is killed (Drop never runs, and the
+//! container's PID 1 outlives nspawn), a small reaper shell per container notices and does the same.
+//!
+//! The measured windows (outage, takeover, handoff) are printed per run (run with `--nocapture` to
+//! see them as they come) and summarised, median and worst, in
+//! `target/tmp/systemd-e2e-<suite>.md`; `LOCALDNS_E2E_RUNS` sets the number of runs (default 3).
+//! `LOCALDNS_E2E_BINARY=PATH` runs the scenarios with another build of the binary (e.g. the
+//! release build) instead of the one cargo built for this test.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
+const BINARY: &str = env!("CARGO_BIN_EXE_localdns-fallback");
+
+/// The binary installed into the containers: this build's, unless LOCALDNS_E2E_BINARY names another.
+fn binary() -> String {
+    std::env::var("LOCALDNS_E2E_BINARY").unwrap_or_else(|_| BINARY.to_owned())
+}
+
+/// Where the root file systems are cached between runs (see build-rootfs.sh).
+const ROOTFS_CACHE: &str = "/var/cache/localdns-fallback-tests";
+/// Prefix of every container and cgroup name this file makes.
+const PREFIX: &str = "lf-e2e";
+/// How often the outage and handoff pollers ask (issue 4: every 50 ms).
+const POLL_EVERY: Duration = Duration::from_millis(50);
+
+// The names asked and the marker addresses each stand-in answers with; the same values are in
+// tests/systemd/markers.env, which the stand-ins read.
+const CLUSTER_NAME: &str = "kubernetes.default.svc.cluster.local";
+const EXTERNAL_NAME: &str = "www.example.com";
+const LOCALDNS_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+const LOCALDNS_EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const KUBEDNS_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 53);
+const VNETDNS_EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 16);
+
+// ---------------------------------------------------------------------------------------------
+// The two systemd generations
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Suite {
+    Bookworm,
+    Trixie,
+}
+
+impl Suite {
+    fn name(self) -> &'static str {
+        match self {
+            Suite::Bookworm => "bookworm",
+            Suite::Trixie => "trixie",
+        }
+    }
+
+    fn systemd(self) -> u32 {
+        match self {
+            Suite::Bookworm => 252,
+            Suite::Trixie => 257,
+        }
+    }
+
+    /// Whether `OnFailure=` fires at every failed start attempt (newer systemd: seen on AKS with
+    /// 255, and here with 257) or only at the terminal failure (252 here, 249 on AKS).
+    fn on_failure_every_attempt(self) -> bool {
+        self == Suite::Trixie
+    }
+
+    fn label(self) -> String {
+        format!("{} (systemd {})", self.name(), self.systemd())
+    }
+}
+
+/// The cached root file system of `suite`, built (once, under a lock) if missing or outdated.
+fn rootfs(suite: Suite) -> PathBuf {
+    static BUILT: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
+    BUILT[suite as usize]
+        .get_or_init(|| {
+            let dir = Path::new(ROOTFS_CACHE).join(format!("rootfs-{}", suite.name()));
+            let script = Path::new(MANIFEST_DIR).join("tests/systemd/build-rootfs.sh");
+            let started = Instant::now();
+            let out = Command::new(&script)
+                .arg(suite.name())
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+            assert!(
+                out.status.success(),
+                "{} {} failed ({}):\n{}{}",
+                script.display(),
+                suite.name(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let note = String::from_utf8_lossy(&out.stderr);
+            if !note.trim().is_empty() {
+                eprintln!("{}(rootfs step took {:.1?})", note, started.elapsed());
+            }
+            dir
+        })
+        .clone()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host requirements: fail loudly, never skip
+// ---------------------------------------------------------------------------------------------
+
+fn require_host() {
+    let uid = fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        uid, "0",
+        "the systemd end-to-end tests boot containers with systemd-nspawn: run them as root"
+    );
+    let missing: Vec<&str> = ["systemd-nspawn", "debootstrap", "nsenter", "dig", "flock"]
+        .into_iter()
+        .filter(|tool| which(tool).is_none())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "tools missing for the systemd end-to-end tests: {missing:?} \
+         (apt-get install systemd-container debootstrap util-linux bind9-dnsutils; tests/run.sh does it)"
+    );
+    assert!(
+        cgroup2_root().is_some(),
+        "no cgroup2 hierarchy mounted (looked at /sys/fs/cgroup and /sys/fs/cgroup/unified): \
+         each test container needs a cgroup of its own for teardown"
+    );
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(tool))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The directory of this process's own cgroup in the cgroup2 hierarchy: `/sys/fs/cgroup` on a
+/// unified host, `/sys/fs/cgroup/unified` on a hybrid one (like this sandbox, whose PID 1 is not
+/// systemd). Containers get sub-cgroups of it.
+fn cgroup2_root() -> Option<PathBuf> {
+    let mount = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(Path::new)
+        .find(|m| m.join("cgroup.procs").exists() && m.join("cgroup.max.depth").exists())?;
+    let own = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time: CLOCK_MONOTONIC in microseconds, the clock systemd's *TimestampMonotonic values use
+// (a container has no time namespace of its own), so poll samples and unit state changes compare.
+// ---------------------------------------------------------------------------------------------
+
+fn mono_us() -> u64 {
+    let mut ts = nix::libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec we pass.
+    let rc = unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+// ---------------------------------------------------------------------------------------------
+// The container
+// ---------------------------------------------------------------------------------------------
+
+/// A booted test container: systemd as PID 1 in its own namespaces and cgroup. Dropping it kills
+/// everything in the cgroup and removes what the boot left on the host.
+struct Container {
+    name: String,
+    suite: Suite,
+    nspawn: Option<Child>,
+    /// Host PID of the container's PID 1 (0 until known).
+    leader: u32,
+    /// Our cgroup2 directory for this container; nspawn and everything below it run in it.
+    cgroup: PathBuf,
+    /// The same path in the name=systemd v1 hierarchy, which nspawn mirrors on a hybrid host.
+    cgroup_v1: PathBuf,
+    tmp: PathBuf,
+    /// Tears the container down if this process dies without running Drop (see [`spawn_reaper`]).
+    reaper: Option<Child>,
+}
+
+/// Options for [`Container::boot`].
+#[derive(Default)]
+struct Boot {
+    /// A test drop-in setting the fallback's WatchdogSec (scenario 5).
+    fallback_watchdog: Option<&'static str>,
+}
+
+impl Container {
+    /// Boots `suite` with systemd-nspawn, installs the stand-ins and our units inside
+    /// (tests/systemd/setup.sh, which runs units/install.sh) and returns once the stand-in LocalDNS
+    /// serves on both listeners.
+    fn boot(suite: Suite, opts: Boot) -> Container {
+        require_host();
+        let rootfs = rootfs(suite);
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "{PREFIX}-{}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed),
+            suite.name()
+        );
+        let base = cgroup2_root().expect("checked by require_host");
+        sweep_stale_cgroups(&base);
+        let cgroup = base.join(&name);
+        let rel = cgroup
+            .strip_prefix(
+                ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+                    .into_iter()
+                    .find(|m| cgroup.starts_with(m))
+                    .unwrap(),
+            )
+            .unwrap()
+            .to_owned();
+        let cgroup_v1 = Path::new("/sys/fs/cgroup/systemd").join(&rel);
+        fs::create_dir(&cgroup)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", cgroup.display()));
+        let tmp = std::env::temp_dir().join(&name);
+        let mut c = Container {
+            name,
+            suite,
+            nspawn: None,
+            leader: 0,
+            cgroup,
+            cgroup_v1,
+            tmp,
+            reaper: None,
+        };
+        fs::create_dir_all(&c.tmp).unwrap();
+        c.reaper = Some(spawn_reaper(&c));
+        let console = c.tmp.join("console.log");
+        let log = fs::File::create(&console).unwrap();
+
+        let mut cmd = Command::new("systemd-nspawn");
+        cmd.args([
+            "--quiet",
+            "--boot",
+            "--volatile=overlay",
+            "--register=no",
+            "--keep-unit",
+        ])
+        .arg(format!("--directory={}", rootfs.display()))
+        .arg(format!("--machine={}", c.name))
+        // Its own network namespace with only lo: the stand-ins add their links inside it.
+        .arg("--private-network")
+        .arg("--console=read-only")
+        .arg(format!("--bind-ro={MANIFEST_DIR}/tests/systemd:/opt/test"))
+        .arg(format!("--bind-ro={MANIFEST_DIR}/units:/opt/units"))
+        .arg(format!("--bind-ro={}:/opt/bin/localdns-fallback", binary()))
+        // A pure cgroup2 tree inside, as on AKS nodes (and systemd 257 wants it), even where
+        // the host is hybrid.
+        .env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
+        // Several containers boot the same cached tree at once, each with its own overlay.
+        .env("SYSTEMD_NSPAWN_LOCK", "0")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+        // Move nspawn into the container's cgroup between fork and exec, so that nothing it starts
+        // can escape the teardown. The file is opened before the fork; writing "0" moves the
+        // writer.
+        let procs = fs::OpenOptions::new()
+            .write(true)
+            .open(c.cgroup.join("cgroup.procs"))
+            .unwrap();
+        let procs_fd = std::os::fd::AsRawFd::as_raw_fd(&procs);
+        // SAFETY: only an async-signal-safe call (write) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if nix::libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        c.nspawn = Some(cmd.spawn().expect("cannot start systemd-nspawn"));
+        drop(procs);
+
+        // The container's PID 1 is nspawn's child: the process that is PID 1 in its own namespace.
+        let nspawn_pid = c.nspawn.as_ref().unwrap().id();
+        c.wait_until(
+            "the container's PID 1 to appear",
+            Duration::from_secs(20),
+            |c| {
+                c.assert_nspawn_alive();
+                c.leader = container_leader(nspawn_pid).unwrap_or(0);
+                c.leader != 0
+            },
+        );
+        // systemctl fails until PID 1 listens on its private socket; then --wait blocks until boot
+        // is done.
+        c.wait_until(
+            "systemd in the container to finish booting",
+            Duration::from_secs(60),
+            |c| {
+                c.assert_nspawn_alive();
+                let out = c.exec("systemctl is-system-running --wait");
+                let state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                match state.as_str() {
+                    "running" => true,
+                    "degraded" => c.fail("the container booted degraded (a unit failed)"),
+                    _ => false,
+                }
+            },
+        );
+        let setup = match opts.fallback_watchdog {
+            Some(w) => format!("/opt/test/setup.sh --fallback-watchdog {w}"),
+            None => "/opt/test/setup.sh".to_owned(),
+        };
+        c.ok(&setup);
+        c.expect_answers(Who::LocalDns, "the stand-in LocalDNS serves after boot");
+        c
+    }
+
+    fn assert_nspawn_alive(&mut self) {
+        if let Some(status) = self.nspawn.as_mut().unwrap().try_wait().unwrap() {
+            let console = fs::read_to_string(self.tmp.join("console.log")).unwrap_or_default();
+            panic!(
+                "systemd-nspawn for {} exited early ({status}); its output:\n{}",
+                self.name,
+                tail(&console, 60)
+            );
+        }
+    }
+
+    /// `nsenter` into every namespace of the container's PID 1, with a clean environment.
+    fn nsenter(&self, namespaces: &[&str]) -> Command {
+        assert!(self.leader != 0, "container {} has no PID 1 yet", self.name);
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--target={}", self.leader))
+            .args(namespaces)
+            .arg("--")
+            .env_clear()
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .env("LANG", "C.UTF-8")
+            .env("SYSTEMD_COLORS", "0")
+            .env("SYSTEMD_PAGER", "")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs a shell command inside the container (bounded: `timeout 60` inside).
+    fn exec(&self, script: &str) -> Output {
+        self.nsenter(&["--all"])
+            .args(["timeout", "60", "/bin/sh", "-c", script])
+            .output()
+            .expect("cannot run nsenter")
+    }
+
+    /// [`exec`](Self::exec) that must succeed; returns stdout.
+    fn ok(&self, script: &str) -> String {
+        let out = self.exec(script);
+        if !out.status.success() {
+            self.fail(&format!(
+                "`{script}` failed ({}):\nstdout: {}\nstderr: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// One property of a unit (`systemctl show -p PROP --value UNIT`).
+    fn show(&self, unit: &str, prop: &str) -> String {
+        self.ok(&format!("systemctl show -p {prop} --value {unit}"))
+            .trim()
+            .to_owned()
+    }
+
+    fn show_us(&self, unit: &str, prop: &str) -> u64 {
+        let v = self.show(unit, prop);
+        v.parse()
+            .unwrap_or_else(|_| self.fail(&format!("{unit} {prop}={v:?} is not a number")))
+    }
+
+    /// A journal cursor: later reads can start after it.
+    fn cursor(&self) -> String {
+        let out = self.ok("journalctl --show-cursor -n 0 -q");
+        out.lines()
+            .find_map(|l| l.strip_prefix("-- cursor: "))
+            .unwrap_or_else(|| self.fail(&format!("no cursor in {out:?}")))
+            .to_owned()
+    }
+
+    /// Journal lines after `cursor`, with monotonic timestamps.
+    fn journal_since(&self, cursor: &str) -> String {
+        self.ok(&format!(
+            "journalctl --sync; journalctl --no-pager -q -o short-monotonic --after-cursor='{cursor}'"
+        ))
+    }
+
+    /// Panics with `msg`, the state of the units and the tail of the container's journal.
+    fn fail(&self, msg: &str) -> ! {
+        let status = self.exec(
+            "systemctl status --no-pager -n 0 localdns.service localdns-fallback.service; \
+             ip -br addr show dev localdns",
+        );
+        let journal = self.exec("journalctl --no-pager -q -o short-monotonic -n 80");
+        panic!(
+            "[{} {}] {msg}\n--- units ---\n{}{}\n--- journal tail ---\n{}",
+            self.suite.label(),
+            self.name,
+            String::from_utf8_lossy(&status.stdout),
+            String::from_utf8_lossy(&status.stderr),
+            String::from_utf8_lossy(&journal.stdout)
+        );
+    }
+
+    /// Polls `cond` every 50 ms until it holds; panics (with the journal) after `timeout`.
+    fn wait_until(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut cond: impl FnMut(&mut Self) -> bool,
+    ) {
+        let deadline = Instant::now() + timeout;
+        while !cond(self) {
+            if Instant::now() > deadline {
+                if self.leader == 0 {
+                    let console =
+                        fs::read_to_string(self.tmp.join("console.log")).unwrap_or_default();
+                    panic!(
+                        "timed out after {timeout:?} waiting for {what}; console:\n{}",
+                        tail(&console, 60)
+                    );
+                }
+                self.fail(&format!("timed out after {timeout:?} waiting for {what}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Who answers `probe` right now.
+    fn ask(&self, probe: Probe) -> Who {
+        dig(self.leader, probe)
+    }
+
+    /// Waits until both probes are answered by `who`.
+    fn expect_answers(&mut self, who: Who, what: &str) {
+        self.wait_until(
+            &format!("{what}: {who:?} answering on .11 and .10"),
+            Duration::from_secs(20),
+            |c| PROBES.iter().all(|&p| c.ask(p) == who),
+        );
+    }
+
+    /// `systemctl is-failed` says whether the unit's ActiveState is `failed`.
+    fn is_failed(&self, unit: &str) -> bool {
+        self.exec(&format!("systemctl is-failed --quiet {unit}"))
+            .status
+            .success()
+    }
+
+    fn link(&self) -> LinkState {
+        let out = self.exec("ip -o link show dev localdns; ip -o -4 addr show dev localdns");
+        LinkState::parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// Makes every further start of the stand-in LocalDNS fail (`crash` or `graceful`, see
+    /// tests/systemd/localdns.sh), or succeed again (`None`).
+    fn set_localdns_failure(&self, mode: Option<&str>) {
+        match mode {
+            Some(m) => self.ok(&format!("echo {m} > /run/localdns-test/fail")),
+            None => self.ok("rm -f /run/localdns-test/fail"),
+        };
+    }
+
+    /// Crash storm: SIGKILL every process of the running LocalDNS (no EXIT trap runs), and let
+    /// each automatic restart crash the same way until the start limit makes it `failed`.
+    fn crash_storm(&self) {
+        self.set_localdns_failure(Some("crash"));
+        self.ok("systemctl kill --signal=SIGKILL localdns.service");
+    }
+
+    /// Recovery as an operator (or the node's repair) does it: clear the cause, reset-failed,
+    /// start. Returns once LocalDNS is active (Type=notify: READY=1 sent).
+    fn recover_localdns(&self) {
+        self.set_localdns_failure(None);
+        self.ok("systemctl reset-failed localdns.service && systemctl start localdns.service");
+    }
+
+    fn wait_localdns_failed_and_fallback_active(&mut self) {
+        self.wait_until(
+            "localdns.service to reach `failed`",
+            Duration::from_secs(40),
+            |c| c.show("localdns.service", "ActiveState") == "failed",
+        );
+        self.wait_until(
+            "localdns-fallback.service to become active",
+            Duration::from_secs(30),
+            |c| match c.show("localdns-fallback.service", "ActiveState").as_str() {
+                "active" => true,
+                "failed" => c.fail("localdns-fallback.service failed"),
+                _ => false,
+            },
+        );
+    }
+
+    /// The fallback is stopped and was stopped cleanly: inactive, not failed.
+    fn assert_fallback_stopped_cleanly(&self, why: &str) {
+        let state = self.show("localdns-fallback.service", "ActiveState");
+        let result = self.show("localdns-fallback.service", "Result");
+        if state != "inactive" || result != "success" {
+            self.fail(&format!(
+                "{why}: expected localdns-fallback inactive with Result=success, got {state}/{result}"
+            ));
+        }
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        // Kill everything at once: nspawn, the container's PID 1 and all below (no graceful
+        // poweroff: nothing in there is worth saving, and a wedged container must not hang us).
+        let _ = fs::write(self.cgroup.join("cgroup.kill"), "1");
+        if !self.cgroup.join("cgroup.kill").exists() {
+            // Kernels before 5.14: SIGKILL every process, repeatedly, until none is left.
+            for _ in 0..50 {
+                let pids = cgroup_pids(&self.cgroup);
+                if pids.is_empty() {
+                    break;
+                }
+                for pid in pids {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if let Some(mut child) = self.nspawn.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cgroup_pids(&self.cgroup).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        remove_cgroup_tree(&self.cgroup);
+        remove_cgroup_tree(&self.cgroup_v1);
+        // nspawn's per-machine directory on the host's /run (left behind when it is killed).
+        let _ = fs::remove_dir(Path::new("/run/systemd/nspawn/propagate").join(&self.name));
+        let _ = fs::remove_dir_all(&self.tmp);
+        if let Some(mut reaper) = self.reaper.take() {
+            let _ = reaper.kill();
+            let _ = reaper.wait();
+        }
+    }
+}
+
+/// A shell outside the container's cgroup that waits for end-of-file on a pipe only this process
+/// holds open, then does what Drop does. Drop never runs when the test process is killed (a CI
+/// timeout, ^C), and the container's PID 1 outlives nspawn; this catches that. Drop kills it.
+fn spawn_reaper(c: &Container) -> Child {
+    const SCRIPT: &str = r#"
+        read -r _ || true
+        echo 1 > "$1/cgroup.kill"
+        for _ in $(seq 100); do grep -q '^populated 0' "$1/cgroup.events" && break; sleep 0.1; done
+        find "$1" "$2" -depth -type d -exec rmdir {} + 2>/dev/null
+        rmdir "/run/systemd/nspawn/propagate/$3" 2>/dev/null
+        rm -rf "$4"
+    "#;
+    Command::new("/bin/sh")
+        .args(["-c", SCRIPT, "reaper"])
+        .arg(&c.cgroup)
+        .arg(&c.cgroup_v1)
+        .arg(&c.name)
+        .arg(&c.tmp)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("cannot start the teardown guard")
+}
+
+/// The host PID of the container's PID 1: the child of nspawn that is PID 1 in its namespace.
+fn container_leader(nspawn_pid: u32) -> Option<u32> {
+    let children =
+        fs::read_to_string(format!("/proc/{nspawn_pid}/task/{nspawn_pid}/children")).ok()?;
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|pid: &u32| {
+            fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("NSpid:"))
+                        .map(str::to_owned)
+                })
+                .is_some_and(|l| {
+                    l.split_whitespace().last() == Some("1") && l.split_whitespace().count() > 2
+                })
+        })
+}
+
+/// Every PID in a cgroup subtree.
+fn cgroup_pids(dir: &Path) -> Vec<u32> {
+    let mut pids: Vec<u32> = fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                pids.extend(cgroup_pids(&e.path()));
+            }
+        }
+    }
+    pids
+}
+
+/// rmdir a cgroup and its children, deepest first (cgroup directories go with rmdir only).
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+/// Empty cgroups left by a test process that died before its Drop (and its reaper) ran. Names
+/// carry the creating process's PID: a cgroup of a live test process (maybe just created, not
+/// yet populated) is never touched.
+fn sweep_stale_cgroups(base: &Path) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(owner) = name
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.trim_start_matches('-').split('-').next())
+        else {
+            continue;
+        };
+        if Path::new("/proc").join(owner).exists() {
+            continue;
+        }
+        if cgroup_pids(&e.path()).is_empty() {
+            remove_cgroup_tree(&e.path());
+            remove_cgroup_tree(&Path::new("/sys/fs/cgroup/systemd").join(&name));
+        }
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The link
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, PartialEq)]
+struct LinkState {
+    /// None: no link `localdns`.
+    ifindex: Option<u32>,
+    up: bool,
+    addrs: Vec<String>,
+}
+
+impl LinkState {
+    fn parse(out: &str) -> LinkState {
+        let mut s = LinkState {
+            ifindex: None,
+            up: false,
+            addrs: vec![],
+        };
+        for line in out.lines() {
+            let mut words = line.split_whitespace();
+            let index = words
+                .next()
+                .and_then(|w| w.trim_end_matches(':').parse().ok());
+            if line.contains(" inet ") {
+                let after = line.split(" inet ").nth(1).unwrap_or("");
+                s.addrs
+                    .extend(after.split_whitespace().next().map(str::to_owned));
+            } else if index.is_some() {
+                s.ifindex = index;
+                s.up = line.contains(",UP") || line.contains("<UP");
+            }
+        }
+        s.addrs.sort();
+        s
+    }
+
+    fn complete(&self) -> bool {
+        self.ifindex.is_some()
+            && self.up
+            && self.addrs == ["169.254.10.10/32".to_owned(), "169.254.10.11/32".to_owned()]
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Asking: dig from the host, entered into the container's network namespace
+// ---------------------------------------------------------------------------------------------
+
+/// One question at one listener, and the marker answers that identify who replied.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    label: &'static str,
+    server: &'static str,
+    name: &'static str,
+    localdns: Ipv4Addr,
+    fallback: Ipv4Addr,
+}
+
+/// `.11` (ClusterFirst pods) asked a cluster name: the fallback answers from kube-dns.
+/// `.10` (the node) asked an external name: the fallback answers from the VNet DNS, which it learns
+/// from resolv.conf (possibly a moment after it starts, see localdns.sh `cleanup`).
+const PROBES: [Probe; 2] = [
+    Probe {
+        label: ".11 cluster name",
+        server: "169.254.10.11",
+        name: CLUSTER_NAME,
+        localdns: LOCALDNS_CLUSTER_IP,
+        fallback: KUBEDNS_CLUSTER_IP,
+    },
+    Probe {
+        label: ".10 external name",
+        server: "169.254.10.10",
+        name: EXTERNAL_NAME,
+        localdns: LOCALDNS_EXTERNAL_IP,
+        fallback: VNETDNS_EXTERNAL_IP,
+    },
+];
+
+/// `.10` asked a cluster name: the fallback sends it to kube-dns, not to the VNet DNS.
+const NODE_CLUSTER_PROBE: Probe = Probe {
+    label: ".10 cluster name",
+    server: "169.254.10.10",
+    name: CLUSTER_NAME,
+    localdns: LOCALDNS_CLUSTER_IP,
+    fallback: KUBEDNS_CLUSTER_IP,
+};
+
+#[derive(Clone, Debug, PartialEq)]
+enum Who {
+    LocalDns,
+    Fallback,
+    /// An answer with an address neither should give (a routing bug).
+    Other(String),
+    /// No answer: refused, unreachable, timeout, SERVFAIL or empty.
+    Nobody,
+}
+
+fn dig(leader: u32, probe: Probe) -> Who {
+    let out = Command::new("nsenter")
+        .arg(format!("--target={leader}"))
+        .args(["--net", "--", "dig", "+time=1", "+tries=1", "+short"])
+        .arg(format!("@{}", probe.server))
+        .args([probe.name, "A"])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .expect("cannot run nsenter dig");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(addr) = text.lines().find_map(|l| l.trim().parse::<Ipv4Addr>().ok()) else {
+        return Who::Nobody;
+    };
+    if addr == probe.localdns {
+        Who::LocalDns
+    } else if addr == probe.fallback {
+        Who::Fallback
+    } else {
+        Who::Other(addr.to_string())
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Sample {
+    /// When dig was started, CLOCK_MONOTONIC µs.
+    sent: u64,
+    /// When the reply (or the failure) came back.
+    at: u64,
+    who: Who,
+}
+
+/// Background `dig` loops, one per probe, every [`POLL_EVERY`].
+struct Poller {
+    stop: Arc<AtomicBool>,
+    samples: Vec<Arc<Mutex<Vec<Sample>>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Poller {
+    /// A new `dig` every 50 ms per probe, each in its own thread, so a query lost at the instant
+    /// of a handoff (dig waits 1 s for it) does not hold up the samples after it.
+    fn start(leader: u32) -> Poller {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut samples = vec![];
+        let mut threads = vec![];
+        for probe in PROBES {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let (stop, log2) = (stop.clone(), log.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut next = Instant::now();
+                let mut asks: Vec<JoinHandle<()>> = vec![];
+                while !stop.load(Ordering::Relaxed) {
+                    let log3 = log2.clone();
+                    asks.push(std::thread::spawn(move || {
+                        let sent = mono_us();
+                        let who = dig(leader, probe);
+                        log3.lock().unwrap().push(Sample {
+                            sent,
+                            at: mono_us(),
+                            who,
+                        });
+                    }));
+                    asks.retain(|a| !a.is_finished());
+                    next += POLL_EVERY;
+                    let now = Instant::now();
+                    if next > now {
+                        std::thread::sleep(next - now);
+                    } else {
+                        next = now;
+                    }
+                }
+                for a in asks {
+                    let _ = a.join();
+                }
+            }));
+            samples.push(log);
+        }
+        Poller {
+            stop,
+            samples,
+            threads,
+        }
+    }
+
+    /// One probe's samples so far, in the order the replies came back.
+    fn snapshot(&self, probe: usize) -> Vec<Sample> {
+        let mut v = self.samples[probe].lock().unwrap().clone();
+        v.sort_by_key(|s| s.at);
+        v
+    }
+
+    /// Stops the loops; returns each probe's samples.
+    fn finish(mut self) -> Vec<Vec<Sample>> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        (0..PROBES.len()).map(|i| self.snapshot(i)).collect()
+    }
+
+    /// Whether every probe has had an answer from `who` after `since`.
+    fn all_answered(&self, who: &Who, since: u64) -> bool {
+        (0..PROBES.len()).all(|i| {
+            self.snapshot(i)
+                .iter()
+                .any(|s| s.at > since && &s.who == who)
+        })
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// From the last answer by `from` to the first answer by `to`, looking at the samples after
+/// `since`: (last `from` answer, first `to` answer), in µs.
+fn switch_over(samples: &[Sample], since: u64, from: &Who, to: &Who) -> Option<(u64, u64)> {
+    let first_to = samples.iter().position(|s| s.at > since && &s.who == to)?;
+    let last_from = samples[..first_to].iter().rposition(|s| &s.who == from)?;
+    Some((samples[last_from].at, samples[first_to].at))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measurements: per run, then median and worst per generation
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Windows {
+    /// (metric label, values in ms)
+    series: Vec<(String, Vec<f64>)>,
+}
+
+impl Windows {
+    fn add(&mut self, label: &str, ms: f64) {
+        match self.series.iter_mut().find(|(l, _)| l == label) {
+            Some((_, v)) => v.push(ms),
+            None => self.series.push((label.to_owned(), vec![ms])),
+        }
+    }
+
+    fn summary(&self, suite: Suite) -> String {
+        let mut out = format!(
+            "systemd end-to-end windows, {} — median / worst over runs, ms (polled with dig every {} ms)\n\n\
+             | measure | median | worst | runs |\n|---|---|---|---|\n",
+            suite.label(),
+            POLL_EVERY.as_millis()
+        );
+        for (label, values) in &self.series {
+            let mut v = values.clone();
+            v.sort_by(f64::total_cmp);
+            let median = if v.len() % 2 == 1 {
+                v[v.len() / 2]
+            } else {
+                (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+            };
+            let _ = writeln!(
+                out,
+                "| {label} | {median:.0} | {:.0} | {} |",
+                v[v.len() - 1],
+                v.len()
+            );
+        }
+        out
+    }
+}
+
+fn runs() -> usize {
+    std::env::var("LOCALDNS_E2E_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+// ---------------------------------------------------------------------------------------------
+
+/// Scenarios 1 and 3, several runs in one container:
+/// 1. a crash storm (each restart SIGKILLed) runs LocalDNS out of its restart budget; at the
+///    terminal failure the fallback starts, accepts the link and addresses the crash left behind,
+///    and serves both listeners. Measured: the outage window per listener (last LocalDNS answer to
+///    first fallback answer) and the takeover (LocalDNS `failed` to first fallback answer).
+/// 3. recovery: reset-failed + start LocalDNS; its ExecStartPre stops the fallback (cleanly), LocalDNS
+///    recreates its link, binds and serves. Measured: the handoff gap (last fallback answer to first
+///    LocalDNS answer).
+fn crash_storm_and_recovery(suite: Suite) {
+    let mut c = Container::boot(suite, Boot::default());
+    let mut w = Windows::default();
+    for run in 1..=runs() {
+        let poll = Poller::start(c.leader);
+        let t0 = mono_us();
+        c.wait_until(
+            "LocalDNS answers in the poll",
+            Duration::from_secs(10),
+            |_| poll.all_answered(&Who::LocalDns, t0),
+        );
+        let before = c.link();
+        assert!(
+            before.complete(),
+            "LocalDNS's link before the crash: {before:?}"
+        );
+        let crash_at = mono_us();
+        c.crash_storm();
+        c.wait_localdns_failed_and_fallback_active();
+        c.wait_until(
+            "fallback answers on both listeners",
+            Duration::from_secs(15),
+            |_| poll.all_answered(&Who::Fallback, crash_at),
+        );
+        let failed_at = c.show_us("localdns.service", "StateChangeTimestampMonotonic");
+        let fallback_ready_at =
+            c.show_us("localdns-fallback.service", "ActiveEnterTimestampMonotonic");
+        // Crash path: the link and both addresses survived, and the fallback took them as they were.
+        let during = c.link();
+        if during.ifindex != before.ifindex || !during.complete() {
+            c.fail(&format!(
+                "crash path: expected the surviving link to be kept (before {before:?}, now {during:?})"
+            ));
+        }
+
+        let recover_at = mono_us();
+        c.recover_localdns();
+        c.wait_until(
+            "LocalDNS answers again on both listeners",
+            Duration::from_secs(15),
+            |_| poll.all_answered(&Who::LocalDns, recover_at),
+        );
+        c.assert_fallback_stopped_cleanly("after LocalDNS's ExecStartPre stopped it");
+        // SIGTERM to exit: the listeners close at once and the process is gone within about 1 s.
+        let stop_took = c
+            .show_us(
+                "localdns-fallback.service",
+                "InactiveEnterTimestampMonotonic",
+            )
+            .saturating_sub(c.show_us("localdns-fallback.service", "ActiveExitTimestampMonotonic"));
+        if stop_took > 2_000_000 {
+            c.fail(&format!(
+                "the fallback took {:.0} ms to stop",
+                ms(stop_took)
+            ));
+        }
+        w.add("fallback stop (SIGTERM → process gone)", ms(stop_took));
+        let after = c.link();
+        assert!(
+            after.complete(),
+            "LocalDNS's link after recovery: {after:?}"
+        );
+        let samples = poll.finish();
+
+        let mut line = format!("[{}] run {run}:", suite.label());
+        let _ = write!(
+            line,
+            " fallback READY {:.0} ms after LocalDNS failed;",
+            ms(fallback_ready_at.saturating_sub(failed_at))
+        );
+        for (probe, s) in PROBES.iter().zip(&samples) {
+            // Nothing but the two markers, or no answer, ever: a third address is a routing bug.
+            if let Some(bad) = s.iter().find(|s| matches!(s.who, Who::Other(_))) {
+                c.fail(&format!("{}: unexpected answer {:?}", probe.label, bad.who));
+            }
+            let Some((last_l, first_f)) = switch_over(s, crash_at, &Who::LocalDns, &Who::Fallback)
+            else {
+                c.fail(&format!(
+                    "{}: no LocalDNS → fallback switch in {s:?}",
+                    probe.label
+                ));
+            };
+            let Some((last_f, first_l)) =
+                switch_over(s, recover_at, &Who::Fallback, &Who::LocalDns)
+            else {
+                c.fail(&format!(
+                    "{}: no fallback → LocalDNS switch in {s:?}",
+                    probe.label
+                ));
+            };
+            // Once the fallback answered, it kept answering until LocalDNS came back. On .11 (no
+            // resolv.conf involved) that holds from READY=1 on: READY means bound and upstreams known.
+            let from = if probe.server == "169.254.10.11" {
+                fallback_ready_at
+            } else {
+                first_f
+            };
+            if let Some(gap) = s
+                .iter()
+                .filter(|x| x.sent > from && x.at < recover_at)
+                .find(|x| x.who != Who::Fallback)
+            {
+                c.fail(&format!(
+                    "{}: after {}, the fallback did not answer {gap:?}",
+                    probe.label,
+                    if from == fallback_ready_at {
+                        "READY=1"
+                    } else {
+                        "its first answer"
+                    }
+                ));
+            }
+            let outage = ms(first_f - last_l);
+            let takeover = ms(first_f.saturating_sub(failed_at));
+            let handoff = ms(first_l - last_f);
+            w.add(
+                &format!(
+                    "outage window {} (last LocalDNS answer → first fallback answer)",
+                    probe.label
+                ),
+                outage,
+            );
+            w.add(
+                &format!(
+                    "takeover {} (LocalDNS failed → first fallback answer)",
+                    probe.label
+                ),
+                takeover,
+            );
+            w.add(
+                &format!(
+                    "handoff gap {} (last fallback answer → first LocalDNS answer)",
+                    probe.label
+                ),
+                handoff,
+            );
+            // Queries that got no reply at all (dig gave up after 1 s) around the handoff: UDP
+            // queries in flight when the fallback closes its listeners are not answered.
+            let lost = s
+                .iter()
+                .filter(|x| x.sent >= recover_at.min(last_f) && x.sent <= first_l)
+                .filter(|x| x.who == Who::Nobody && x.at - x.sent >= 900_000)
+                .count();
+            w.add(
+                &format!(
+                    "queries lost in the handoff {} (no reply in 1 s; a count)",
+                    probe.label
+                ),
+                lost as f64,
+            );
+            let _ = write!(
+                line,
+                " {}: outage {outage:.0} ms (takeover {takeover:.0} ms), handoff {handoff:.0} ms, lost {lost};",
+                probe.label
+            );
+        }
+        eprintln!("{line}");
+    }
+    // Logs read well in the journal: no terminal colours.
+    let logs = c.ok("journalctl --no-pager -q -o cat -u localdns-fallback.service");
+    if logs.contains('\x1b') {
+        c.fail(&format!("ANSI escapes in the fallback's journal:\n{logs}"));
+    }
+    let summary = w.summary(suite);
+    eprintln!("\n{summary}");
+    let file =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("systemd-e2e-{}.md", suite.name()));
+    fs::write(&file, &summary).unwrap();
+    eprintln!("(written to {})", file.display());
+    // A plain takeover and handoff is not something to warn about: the binary and the unit agree
+    // (e.g. on capabilities), the upstreams are found, nothing fails.
+    let complaints: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    if !complaints.is_empty() {
+        c.fail(&format!(
+            "the fallback warned during plain takeovers and handoffs:\n{}",
+            complaints.join("\n")
+        ));
+    }
+}
+
+/// Scenario 2: LocalDNS fails twice and then starts again, within its restart budget. The fallback
+/// never runs and never ends up failed. On systemd 257 `OnFailure=` fires at each failed attempt
+/// and the fallback's `ExecCondition=` skips each of those starts; on 252 it never fires.
+fn failures_within_budget(suite: Suite) {
+    let mut c = Container::boot(suite, Boot::default());
+    let cursor = c.cursor();
+    // The running LocalDNS is SIGKILLed, its next two starts crash, the third works (the stand-in
+    // counts them down itself, so the test does not race RestartSec): 4 starts of the 5 allowed.
+    c.set_localdns_failure(Some("crash:2"));
+    c.ok("systemctl kill --signal=SIGKILL localdns.service");
+    c.wait_until(
+        "LocalDNS active again after 3 restarts",
+        Duration::from_secs(30),
+        |c| {
+            c.show("localdns.service", "ActiveState") == "active"
+                && c.show_us("localdns.service", "NRestarts") == 3
+        },
+    );
+    c.expect_answers(
+        Who::LocalDns,
+        "LocalDNS serves again after recovering by itself",
+    );
+    let restarts = c.show_us("localdns.service", "NRestarts");
+    let journal = c.journal_since(&cursor);
+    let triggered = journal
+        .lines()
+        .filter(|l| l.contains("localdns.service: Triggering OnFailure= dependencies"))
+        .count();
+    let skips: Vec<&str> = journal
+        .lines()
+        .filter(|l| l.contains("localdns-fallback.service") && l.contains("exec-condition"))
+        .collect();
+    let skipped = skips.len();
+    eprintln!(
+        "[{}] LocalDNS recovered after {restarts} restarts; OnFailure= triggered {triggered}×, \
+         fallback start skipped by ExecCondition {skipped}×{}",
+        suite.label(),
+        skips
+            .first()
+            .map(|l| format!(", e.g. `{}`", l.trim()))
+            .unwrap_or_default()
+    );
+    if c.is_failed("localdns-fallback.service") {
+        c.fail("the fallback ended up failed");
+    }
+    let state = c.show("localdns-fallback.service", "ActiveState");
+    let main_start = c.show_us(
+        "localdns-fallback.service",
+        "ExecMainStartTimestampMonotonic",
+    );
+    if state != "inactive" || main_start != 0 {
+        c.fail(&format!(
+            "the fallback must never have run: ActiveState={state}, ExecMainStartTimestampMonotonic={main_start}"
+        ));
+    }
+    if suite.on_failure_every_attempt() {
+        if triggered < 2 || skipped != triggered {
+            c.fail(&format!(
+                "systemd {}: expected OnFailure= at each failed attempt (>= 2) and as many \
+                 ExecCondition skips; got {triggered} triggers and {skipped} skips",
+                suite.systemd()
+            ));
+        }
+    } else if triggered != 0 || skipped != 0 {
+        c.fail(&format!(
+            "systemd {}: OnFailure= fires only at the terminal failure; got {triggered} triggers, {skipped} skips",
+            suite.systemd()
+        ));
+    }
+}
+
+/// Scenario 4: the fallback comes up whatever LocalDNS's failure left behind:
+/// (a) graceful failures: LocalDNS's EXIT trap deleted the link, so the fallback creates it; and
+///     resolv.conf still names only 169.254.10.10 when the fallback starts (networkd's reload is
+///     late, CONTEXT §3; the test holds it back): .11 and cluster names are served at once,
+///     external names on .10 get SERVFAIL until the VNet DNS appears in resolv.conf, then are
+///     served;
+/// (b) a crash storm: the link and both addresses survive, and the fallback keeps them as they are;
+/// (c) a crash storm after which the link is down and has lost 169.254.10.11: the fallback brings
+///     it up and adds only the missing address.
+fn failure_paths(suite: Suite) {
+    let mut c = Container::boot(suite, Boot::default());
+
+    // (a) graceful: CoreDNS dies, the script's EXIT trap deletes the link, every restart fails
+    // the same way; and resolved has not rewritten resolv.conf yet (the test holds the reload).
+    let before = c.link();
+    c.ok("touch /run/localdns-test/resolved-hold");
+    c.set_localdns_failure(Some("graceful"));
+    c.ok("kill -TERM $(cat /run/localdns-test/coredns.pid)");
+    c.wait_localdns_failed_and_fallback_active();
+    let resolv = c.ok("cat /run/systemd/resolve/resolv.conf");
+    if resolv.contains("168.63.129.16") || !resolv.contains("169.254.10.10") {
+        c.fail(&format!(
+            "precondition: resolv.conf should still name only 169.254.10.10 here:\n{resolv}"
+        ));
+    }
+    let cluster = c.ask(PROBES[0]);
+    let node_cluster = c.ask(NODE_CLUSTER_PROBE);
+    let node_external = c.ask(PROBES[1]);
+    if (cluster.clone(), node_cluster.clone(), node_external.clone())
+        != (Who::Fallback, Who::Fallback, Who::Nobody)
+    {
+        c.fail(&format!(
+            "stale resolv.conf: expected .11 and .10 cluster names served by the fallback and .10 \
+             external names unanswered (SERVFAIL); got {cluster:?}, {node_cluster:?}, {node_external:?}"
+        ));
+    }
+    // Now networkd's reload lands: resolv.conf names the VNet DNS, and the fallback follows.
+    c.ok("rm /run/localdns-test/resolved-hold && /opt/test/localdns.sh resolved-reload");
+    let changed_at = mono_us();
+    c.wait_until(
+        "the fallback to use the VNet DNS named in the new resolv.conf",
+        Duration::from_secs(5),
+        |c| c.ask(PROBES[1]) == Who::Fallback,
+    );
+    eprintln!(
+        "[{}] graceful path: with resolv.conf stale the fallback served .11 and cluster names and \
+         SERVFAILed external ones; VNet DNS in use {:.0} ms after resolv.conf named it",
+        suite.label(),
+        ms(mono_us() - changed_at)
+    );
+    c.expect_answers(Who::Fallback, "graceful path");
+    let after = c.link();
+    if !after.complete() || after.ifindex == before.ifindex {
+        c.fail(&format!(
+            "graceful path: the fallback should have made a new link with both addresses (before {before:?}, now {after:?})"
+        ));
+    }
+    c.recover_localdns();
+    c.expect_answers(Who::LocalDns, "recovery after the graceful path");
+    c.assert_fallback_stopped_cleanly("recovery after the graceful path");
+    eprintln!(
+        "[{}] graceful path: link recreated by the fallback, served, handed back",
+        suite.label()
+    );
+
+    // (b) crash: nothing cleans up; the fallback must take the link as it is.
+    let before = c.link();
+    c.crash_storm();
+    c.wait_localdns_failed_and_fallback_active();
+    c.expect_answers(Who::Fallback, "crash path");
+    let after = c.link();
+    if !after.complete() || after.ifindex != before.ifindex {
+        c.fail(&format!(
+            "crash path: expected the same link kept (before {before:?}, now {after:?})"
+        ));
+    }
+    c.recover_localdns();
+    c.expect_answers(Who::LocalDns, "recovery after the crash path");
+    c.assert_fallback_stopped_cleanly("recovery after the crash path");
+    eprintln!(
+        "[{}] crash path: surviving link and addresses kept, served, handed back",
+        suite.label()
+    );
+
+    // (c) crash, and meanwhile the link went down and lost .11 (the storm takes seconds; the
+    // crashing restarts do not touch the link).
+    let before = c.link();
+    c.crash_storm();
+    c.ok("ip addr del 169.254.10.11/32 dev localdns && ip link set localdns down");
+    c.wait_localdns_failed_and_fallback_active();
+    c.expect_answers(Who::Fallback, "crash path with a partial link");
+    let after = c.link();
+    if !after.complete() || after.ifindex != before.ifindex {
+        c.fail(&format!(
+            "partial link: expected the same link, up, with both addresses (before {before:?}, now {after:?})"
+        ));
+    }
+    c.recover_localdns();
+    c.expect_answers(Who::LocalDns, "recovery after the partial link");
+    c.assert_fallback_stopped_cleanly("recovery after the partial link");
+    eprintln!(
+        "[{}] partial link: brought up, .11 re-added, served, handed back",
+        suite.label()
+    );
+}
+
+/// Scenario 5: a wedged fallback (SIGSTOP: alive, listeners bound, answering nothing) stops
+/// feeding the watchdog; systemd kills it and `Restart=on-failure` brings a new one that serves.
+/// A test drop-in shortens WatchdogSec to 3 s.
+fn wedged_fallback(suite: Suite) {
+    let mut c = Container::boot(
+        suite,
+        Boot {
+            fallback_watchdog: Some("3s"),
+        },
+    );
+    c.crash_storm();
+    c.wait_localdns_failed_and_fallback_active();
+    c.expect_answers(Who::Fallback, "the fallback serves before it is wedged");
+    let pid = c.show("localdns-fallback.service", "MainPID");
+    let cursor = c.cursor();
+    let stopped_at = mono_us();
+    c.ok(&format!("kill -STOP {pid}"));
+    c.wait_until("a new fallback process", Duration::from_secs(40), |c| {
+        let now = c.show("localdns-fallback.service", "MainPID");
+        now != pid && now != "0" && c.show("localdns-fallback.service", "ActiveState") == "active"
+    });
+    c.expect_answers(Who::Fallback, "the restarted fallback serves");
+    let back_at = mono_us();
+    let journal = c.journal_since(&cursor);
+    if !journal.contains("localdns-fallback.service: Watchdog timeout") {
+        c.fail(&format!("no watchdog timeout in the journal:\n{journal}"));
+    }
+    let restarts = c.show_us("localdns-fallback.service", "NRestarts");
+    assert!(restarts >= 1, "NRestarts={restarts}");
+    eprintln!(
+        "[{}] wedged fallback (pid {pid}) killed by the watchdog and restarted; serving again {:.1} s after SIGSTOP",
+        suite.label(),
+        ms(back_at - stopped_at) / 1000.0
+    );
+}
+
+/// Scenario 6 and the static checks: on a healthy node `systemctl start localdns-fallback` is
+/// skipped by ExecCondition (not failed) and binds nothing; `systemd-analyze verify` is clean; the
+/// `systemd-analyze security` exposure is OK or better (printed with its top complaints); the
+/// uninstall removes exactly what the install put there.
+fn healthy_node_and_static_checks(suite: Suite) {
+    let mut c = Container::boot(suite, Boot::default());
+    let cursor = c.cursor();
+    let start = c.exec("systemctl start localdns-fallback.service");
+    if !start.status.success() {
+        c.fail(&format!(
+            "`systemctl start localdns-fallback` on a healthy node should succeed as a skip: {}",
+            String::from_utf8_lossy(&start.stderr)
+        ));
+    }
+    let state = c.show("localdns-fallback.service", "ActiveState");
+    let result = c.show("localdns-fallback.service", "Result");
+    let main_start = c.show_us(
+        "localdns-fallback.service",
+        "ExecMainStartTimestampMonotonic",
+    );
+    if state != "inactive" || c.is_failed("localdns-fallback.service") || main_start != 0 {
+        c.fail(&format!(
+            "healthy node: expected a skip; ActiveState={state} Result={result} ExecMainStart={main_start}"
+        ));
+    }
+    let journal = c.journal_since(&cursor);
+    if !journal
+        .lines()
+        .any(|l| l.contains("localdns-fallback.service") && l.contains("exec-condition"))
+    {
+        c.fail(&format!("no ExecCondition skip in the journal:\n{journal}"));
+    }
+    // Nothing of ours runs or listens; LocalDNS still owns both addresses.
+    let ours = c.exec("pgrep -x localdns-fallbac");
+    if ours.status.success() {
+        c.fail("a localdns-fallback process is running on a healthy node");
+    }
+    let listeners = c.ok("ss -Hlnup 'sport = :53'");
+    if listeners.contains("localdns-fallbac") {
+        c.fail(&format!("the fallback holds port 53:\n{listeners}"));
+    }
+    c.expect_answers(
+        Who::LocalDns,
+        "LocalDNS still serves after the skipped start",
+    );
+    eprintln!(
+        "[{}] healthy node: start skipped (Result={result}), nothing bound",
+        suite.label()
+    );
+
+    // systemd-analyze verify of our unit and the drop-in (loaded with the stand-in localdns.service).
+    let verify = c.exec(
+        "cd / && systemd-analyze verify /etc/systemd/system/localdns-fallback.service \
+         /etc/systemd/system/localdns.service 2>&1",
+    );
+    let text = String::from_utf8_lossy(&verify.stdout).trim().to_owned();
+    if !verify.status.success() || !text.is_empty() {
+        c.fail(&format!(
+            "systemd-analyze verify is not clean ({}):\n{text}",
+            verify.status
+        ));
+    }
+
+    // systemd-analyze security: overall exposure and the top complaints.
+    let sec = c.ok("systemd-analyze security --no-pager localdns-fallback.service");
+    let overall = sec
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| c.fail(&format!("no overall exposure in:\n{sec}")))
+        .trim()
+        .to_owned();
+    let mut complaints: Vec<(f64, String)> = sec
+        .lines()
+        .filter(|l| l.starts_with('✗'))
+        .filter_map(|l| {
+            let score: f64 = l.split_whitespace().last()?.parse().ok()?;
+            Some((score, l.split_whitespace().collect::<Vec<_>>().join(" ")))
+        })
+        .collect();
+    complaints.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut report = format!(
+        "[{}] systemd-analyze security: {overall}\n  top complaints:\n",
+        suite.label()
+    );
+    for (_, l) in complaints.iter().take(8) {
+        let _ = writeln!(report, "    {l}");
+    }
+    eprintln!("{report}");
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("systemd-e2e-security-{}.txt", suite.name()));
+    fs::write(&file, format!("{report}\n{sec}")).unwrap();
+    let levels = [
+        "PERFECT",
+        "SAFE",
+        "OK",
+        "MEDIUM",
+        "EXPOSED",
+        "UNSAFE",
+        "DANGEROUS",
+    ];
+    let level = overall
+        .split_whitespace()
+        .find(|w| levels.contains(w))
+        .unwrap_or("");
+    if !matches!(level, "OK" | "SAFE" | "PERFECT") {
+        c.fail(&format!(
+            "exposure should be OK or better (issue 4): {overall}"
+        ));
+    }
+
+    // Uninstall removes exactly what install put there, and leaves LocalDNS's own files alone.
+    let listing =
+        "find /etc/systemd/system /opt/azure -newer /etc/hostname -not -type d 2>/dev/null | sort";
+    let installed = c.ok(listing);
+    c.ok("/opt/units/install.sh --uninstall");
+    let left = c.ok(listing);
+    let removed: Vec<&str> = installed
+        .lines()
+        .filter(|l| !left.lines().any(|k| k == *l))
+        .collect();
+    let expected = [
+        "/etc/systemd/system/localdns-fallback.service",
+        "/etc/systemd/system/localdns.service.d/50-localdns-fallback.conf",
+        "/opt/azure/containers/localdns/localdns-fallback",
+    ];
+    if removed != expected {
+        c.fail(&format!(
+            "uninstall removed {removed:?}, expected exactly {expected:?}"
+        ));
+    }
+}
+
+/// The scenarios, once per systemd generation.
+macro_rules! generation {
+    ($module:ident, $suite:expr) => {
+        mod $module {
+            use super::*;
+
+            #[test]
+            fn s1_s3_crash_storm_outage_then_recovery_handoff() {
+                crash_storm_and_recovery($suite);
+            }
+
+            #[test]
+            fn s2_failures_within_the_restart_budget_never_start_the_fallback() {
+                failures_within_budget($suite);
+            }
+
+            #[test]
+            fn s4_graceful_crash_and_partial_link_failure_paths() {
+                failure_paths($suite);
+            }
+
+            #[test]
+            fn s5_wedged_fallback_is_killed_by_the_watchdog_and_restarted() {
+                wedged_fallback($suite);
+            }
+
+            #[test]
+            fn s6_healthy_node_start_is_skipped_and_units_verify() {
+                healthy_node_and_static_checks($suite);
+            }
+        }
+    };
+}
+
+generation!(bookworm_systemd_252, Suite::Bookworm);
+generation!(trixie_systemd_257, Suite::Trixie);
