@@ -15,9 +15,10 @@ use crate::wire::{self, rcode};
 
 /// TTL written into stale answers (RFC 8767 §4 suggests 30 s).
 pub const STALE_TTL: u32 = 30;
-/// Bookkeeping per entry beyond its key and reply bytes (LRU links, hash slot, entry fields),
+/// Bookkeeping per entry beyond its key and reply bytes (LRU node, hash slot, allocator headers;
+/// measured with loadtest/cache-memory.sh),
 /// counted against the byte cap so many tiny entries cannot exceed it.
-const ENTRY_OVERHEAD: usize = 128;
+const ENTRY_OVERHEAD: usize = 256;
 /// Least time between two log lines about stale answers.
 const STALE_LOG_EVERY: Duration = Duration::from_secs(10);
 const TYPE_SOA: u16 = 6;
@@ -118,9 +119,11 @@ pub struct Cache {
 impl Cache {
     /// `None` when the limits turn caching off.
     pub fn new(limits: Limits) -> Option<Cache> {
-        let entries = NonZeroUsize::new(limits.entries)?;
+        NonZeroUsize::new(limits.entries)?;
         Some(Cache {
-            lru: LruCache::new(entries),
+            // Unbounded here, capped in `put`: a bounded LruCache allocates its whole table up
+            // front, which for a large --cache-size is memory the byte cap never sees.
+            lru: LruCache::unbounded(),
             limits,
             bytes: 0,
             stale_served: 0,
@@ -212,7 +215,7 @@ impl Cache {
             self.bytes = self.bytes.saturating_sub(old_key.size() + old.size());
         }
         self.bytes += size;
-        while self.bytes > self.limits.bytes {
+        while self.bytes > self.limits.bytes || self.lru.len() > self.limits.entries {
             match self.lru.pop_lru() {
                 Some((k, e)) => self.bytes -= k.size() + e.size(),
                 None => break,
