@@ -14,12 +14,11 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::poll::PollTimeout;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -630,36 +629,34 @@ const UNSPECIFIED: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     0,
 ));
 
-/// Tells a UDP relay thread to stop, and wakes it from its poll at once to do so.
+/// Tells the UDP relay threads to stop: an eventfd in each thread's epoll set, so a sleeping
+/// thread wakes at once (LocalDNS is waiting for the port). Once written it stays readable.
 pub struct Stop {
-    flag: AtomicBool,
     wake: EventFd,
 }
 
 impl Stop {
     pub fn new() -> io::Result<Arc<Stop>> {
         let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        Ok(Arc::new(Stop {
-            flag: AtomicBool::new(false),
-            wake,
-        }))
+        Ok(Arc::new(Stop { wake }))
     }
 
     pub fn stop(&self) {
-        self.flag.store(true, Ordering::Release);
         let _ = self.wake.write(1);
-    }
-
-    fn stopped(&self) -> bool {
-        self.flag.load(Ordering::Acquire)
     }
 }
 
+/// epoll token of the eventfd that `Stop` writes to.
+const STOP_TOKEN: u64 = u64::MAX;
+/// epoll token of the client-facing socket; upstream socket `i` is `1 + i`.
+const LISTENER_TOKEN: u64 = 0;
+
 /// Runs one listener's UDP relay on the calling thread until `stop`; returning closes the
-/// listener socket. Drains the client socket, then each upstream socket, then the timers, and
-/// sleeps in `poll` only when all are empty. Plain non-blocking syscalls on a thread of its own:
-/// an async runtime would learn of new datagrams only when its reactor next runs, which costs
-/// a wake-up and a hand-off per burst (CONTEXT §6).
+/// listener socket. Waits in epoll for whichever sockets are readable, drains each of them, runs
+/// the timers, and waits again. Plain non-blocking syscalls on a thread of its own: an async
+/// runtime would learn of new datagrams only when its reactor next runs, which costs a wake-up
+/// and a hand-off per burst (CONTEXT §6); and asking only the sockets epoll names keeps an idle
+/// upstream socket from costing a syscall per loop.
 pub fn serve_udp(
     listener: std::net::UdpSocket,
     pool: Vec<std::net::UdpSocket>,
@@ -668,6 +665,13 @@ pub fn serve_udp(
     stop: Arc<Stop>,
     (heartbeats, beat): (Arc<Heartbeats>, usize),
 ) {
+    let epoll = match register(&listener, &pool, &stop) {
+        Ok(epoll) => epoll,
+        Err(e) => {
+            tracing::error!(error = %e, listener = relay.listener.name(), "cannot set up epoll; UDP not served");
+            return;
+        }
+    };
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let stats = relay.metrics.clone();
     let kind = relay.listener;
@@ -685,66 +689,84 @@ pub fn serve_udp(
             },
         }
     };
-    let mut fds: Vec<PollFd> = std::iter::once(listener.as_fd())
-        .chain(pool.iter().map(|s| s.as_fd()))
-        .chain(std::iter::once(stop.wake.as_fd()))
-        .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
-        .collect();
+    let mut events = vec![EpollEvent::empty(); pool.len() + 2];
+    let mut wait = PollTimeout::ZERO;
     loop {
         heartbeats.beat(beat);
-        if stop.stopped() {
-            return;
-        }
         if groups.has_changed().unwrap_or(false) {
             relay.set_groups(groups.borrow_and_update().clone());
         }
-        let mut busy = false;
-        for _ in 0..BATCH {
-            match listener.recv_from(&mut buf) {
-                Ok((n, from)) => {
-                    busy = true;
-                    relay.on_query(&buf[..n], from, Instant::now(), &mut sink);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    tracing::debug!(error = %e, "client socket receive error");
-                    break;
-                }
+        let ready = match epoll.wait(&mut events, wait) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => 0,
+            Err(e) => {
+                tracing::error!(error = %e, "epoll_wait failed; retrying");
+                std::thread::sleep(Duration::from_millis(10));
+                0
             }
-        }
-        for (index, socket) in pool.iter().enumerate() {
-            for _ in 0..BATCH {
-                match socket.recv_from(&mut buf) {
-                    Ok((n, from)) => {
-                        busy = true;
-                        relay.on_reply(index, &mut buf[..n], from, Instant::now(), &mut sink);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "upstream socket receive error");
-                        break;
-                    }
+        };
+        for event in &events[..ready] {
+            match event.data() {
+                STOP_TOKEN => return,
+                LISTENER_TOKEN => drain(&listener, &mut buf, |packet, from| {
+                    relay.on_query(packet, from, Instant::now(), &mut sink)
+                }),
+                token => {
+                    let index = (token - 1) as usize;
+                    drain(&pool[index], &mut buf, |packet, from| {
+                        relay.on_reply(index, packet, from, Instant::now(), &mut sink)
+                    })
                 }
             }
         }
         let now = Instant::now();
         relay.on_timers(now, &mut sink);
         stats.listener(kind).set_inflight(relay.inflight());
-        if busy {
-            continue;
-        }
-        // Wake at least twice a second even when idle, so the heartbeat shows this loop alive.
-        let wait = relay.next_deadline().map_or(HEARTBEAT_IDLE, |t| {
-            t.saturating_duration_since(now).min(HEARTBEAT_IDLE)
-        });
-        // Round up: waking a millisecond early would only spin until the deadline.
-        let ms = wait.as_micros().div_ceil(1000).min(u128::from(u16::MAX)) as u16;
-        match poll(&mut fds, PollTimeout::from(ms)) {
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => {}
+        // After work, look again at once; when idle, sleep until the next try deadline, but wake
+        // at least twice a second so the heartbeat shows this loop alive.
+        wait = if ready > 0 {
+            PollTimeout::ZERO
+        } else {
+            let until = relay.next_deadline().map_or(HEARTBEAT_IDLE, |t| {
+                t.saturating_duration_since(now).min(HEARTBEAT_IDLE)
+            });
+            // Round up: waking a millisecond early would only spin until the deadline.
+            PollTimeout::from(until.as_micros().div_ceil(1000).min(u128::from(u16::MAX)) as u16)
+        };
+    }
+}
+
+fn register(
+    listener: &std::net::UdpSocket,
+    pool: &[std::net::UdpSocket],
+    stop: &Stop,
+) -> nix::Result<Epoll> {
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+    epoll.add(
+        listener,
+        EpollEvent::new(EpollFlags::EPOLLIN, LISTENER_TOKEN),
+    )?;
+    for (i, socket) in pool.iter().enumerate() {
+        epoll.add(socket, EpollEvent::new(EpollFlags::EPOLLIN, 1 + i as u64))?;
+    }
+    epoll.add(&stop.wake, EpollEvent::new(EpollFlags::EPOLLIN, STOP_TOKEN))?;
+    Ok(epoll)
+}
+
+/// Reads up to `BATCH` datagrams from a readable socket, so one busy socket cannot starve the
+/// others; what is left is reported again by the next (level-triggered) wait.
+fn drain(
+    socket: &std::net::UdpSocket,
+    buf: &mut [u8],
+    mut handle: impl FnMut(&mut [u8], SocketAddr),
+) {
+    for _ in 0..BATCH {
+        match socket.recv_from(buf) {
+            Ok((n, from)) => handle(&mut buf[..n], from),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) => {
-                tracing::error!(error = %e, "poll failed; retrying");
-                std::thread::sleep(Duration::from_millis(10));
+                tracing::debug!(error = %e, "UDP receive error");
+                return;
             }
         }
     }
