@@ -848,7 +848,7 @@ async fn tcp_connection(
         // The whole frame must arrive within the idle timeout, so a client that dribbles bytes
         // (slowloris) cannot hold a connection slot for longer than an idle one.
         let frame = tokio::select! {
-            frame = tokio::time::timeout(idle, read_frame(&mut reader)) => frame,
+            frame = tokio::time::timeout(idle, read_frame(&mut reader, wire::MAX_QUERY)) => frame,
             _ = stop.changed() => break,
         };
         let Ok(Ok(Some(query))) = frame else { break };
@@ -868,14 +868,25 @@ async fn tcp_connection(
 }
 
 /// Reads one length-prefixed DNS message; `None` at a clean end of stream.
-async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> io::Result<Option<Vec<u8>>> {
+async fn read_frame(
+    reader: &mut (impl AsyncReadExt + Unpin),
+    max: usize,
+) -> io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 2];
     match reader.read_exact(&mut len).await {
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e),
     }
-    let mut message = vec![0u8; u16::from_be_bytes(len) as usize];
+    let len = usize::from(u16::from_be_bytes(len));
+    if len > max {
+        // Not worth reading: a query this big is no stub's, and every byte read is held.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "message over the size limit",
+        ));
+    }
+    let mut message = vec![0u8; len];
     reader.read_exact(&mut message).await?;
     Ok(Some(message))
 }
@@ -974,12 +985,14 @@ async fn exchange_tcp(upstream: SocketAddr, message: &[u8]) -> io::Result<Vec<u8
     frame.extend_from_slice(&(message.len() as u16).to_be_bytes());
     frame.extend_from_slice(message);
     stream.write_all(&frame).await?;
-    read_frame(&mut stream).await?.ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed before a reply",
-        )
-    })
+    read_frame(&mut stream, usize::from(u16::MAX))
+        .await?
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed before a reply",
+            )
+        })
 }
 
 #[cfg(test)]

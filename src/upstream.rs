@@ -65,6 +65,17 @@ impl Upstreams {
     }
 
     fn with_stats(addrs: Vec<SocketAddr>, stats: Vec<Arc<UpstreamStats>>) -> Upstreams {
+        // A server listed twice would stay "healthy" through its second entry after the first
+        // was marked suspect; each server is listed once, first place kept.
+        let mut unique: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
+        let mut unique_stats = Vec::with_capacity(addrs.len());
+        for (addr, stat) in addrs.into_iter().zip(stats) {
+            if !unique.contains(&addr) {
+                unique.push(addr);
+                unique_stats.push(stat);
+            }
+        }
+        let (addrs, stats) = (unique, unique_stats);
         let n = addrs.len();
         Upstreams {
             addrs,
@@ -241,6 +252,18 @@ mod tests {
         assert_eq!(single.pick(0, &[addr(9), addr(9)]), Some(addr(9)));
         let u = three();
         assert_eq!(u.pick(0, &[addr(1), addr(2), addr(3)]), Some(addr(1)));
+    }
+
+    #[test]
+    fn a_server_listed_twice_is_one_server() {
+        let u = Upstreams::new(vec![addr(1), addr(2), addr(1)]);
+        assert_eq!(u.addrs(), [addr(1), addr(2)]);
+        u.note_failure(addr(1), Group::Cluster, "timed out");
+        assert_eq!(
+            u.pick(0, &[]),
+            Some(addr(2)),
+            "no healthy second copy of the dead one"
+        );
     }
 
     #[test]

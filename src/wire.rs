@@ -9,6 +9,10 @@
 pub const HEADER_LEN: usize = 12;
 /// What a client may receive over UDP when it does not advertise more (RFC 1035 §4.2.1).
 pub const CLASSIC_UDP_SIZE: u16 = 512;
+/// The largest query we take. Stub resolvers send a few hundred bytes at most (EDNS padding
+/// rounds to 468); each query in flight keeps its bytes, so a cap here is what bounds that
+/// memory when someone sends 64 KiB ones.
+pub const MAX_QUERY: usize = 4096;
 /// The UDP payload size we advertise in replies we build ourselves (the DNS flag day 2020 value).
 pub const OUR_EDNS_SIZE: u16 = 1232;
 /// Names are at most 255 octets on the wire, root label included (RFC 1035 §3.1).
@@ -110,6 +114,9 @@ pub enum Reject {
 pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
     if p.len() < HEADER_LEN || is_response(p) {
         return Err(Reject::Drop);
+    }
+    if p.len() > MAX_QUERY {
+        return Err(Reject::Reply(rcode::FORMERR));
     }
     if opcode(p) != 0 {
         return Err(Reject::Reply(rcode::NOTIMP));
@@ -511,6 +518,13 @@ mod tests {
         double_opt.extend_from_slice(&opt);
         double_opt[11] = 2;
         assert_eq!(parse_query(&double_opt), Err(Reject::Reply(rcode::FORMERR)));
+    }
+
+    #[test]
+    fn rejects_oversized_queries() {
+        let mut p = query(1, "a.b", 1, Some(1232));
+        p.resize(MAX_QUERY + 1, 0);
+        assert_eq!(parse_query(&p), Err(Reject::Reply(rcode::FORMERR)));
     }
 
     #[test]

@@ -187,7 +187,7 @@ fn connect(socket: &Path) -> Result<UnixStream, String> {
 
 /// The body of a complete HTTP/1.x response, which must be `200`. Understands `Content-Length`,
 /// `Transfer-Encoding: chunked` and bodies delimited by the connection's end.
-fn parse_http_response(bytes: &[u8]) -> Result<Vec<u8>, String> {
+pub fn parse_http_response(bytes: &[u8]) -> Result<Vec<u8>, String> {
     const TRUNCATED: &str = "the Cilium agent's answer was cut short";
     let head_end = find(bytes, b"\r\n\r\n").ok_or(TRUNCATED)?;
     let head = String::from_utf8_lossy(&bytes[..head_end]);

@@ -97,9 +97,15 @@ fn virtual_services(text: &str, addr: fn(&str) -> Option<SocketAddr>) -> Vec<Vir
 
 fn choose(services: &[VirtualService], cluster_ip: Option<IpAddr>) -> KubeDns {
     let ip = cluster_ip.or_else(|| {
-        let mut dns = services.iter().filter(|s| s.udp && s.addr.port() == 53);
-        match (dns.next(), dns.next()) {
-            (Some(only), None) => Some(only.addr.ip()),
+        // One UDP port-53 virtual service, however many times the text lists it.
+        let mut dns: Vec<IpAddr> = services
+            .iter()
+            .filter(|s| s.udp && s.addr.port() == 53)
+            .map(|s| s.addr.ip())
+            .collect();
+        dns.dedup();
+        match dns.as_slice() {
+            [only] => Some(*only),
             _ => None,
         }
     });
@@ -111,7 +117,16 @@ fn choose(services: &[VirtualService], cluster_ip: Option<IpAddr>) -> KubeDns {
             .iter()
             .filter(move |s| s.udp == udp && s.addr == SocketAddr::new(ip, 53))
     };
-    let real = |udp: bool| at(udp).flat_map(|s| s.real.iter().copied()).collect();
+    // The same virtual service may appear twice in the text; each real server is listed once.
+    let real = |udp: bool| {
+        let mut out: Vec<SocketAddr> = Vec::new();
+        for addr in at(udp).flat_map(|s| s.real.iter().copied()) {
+            if !out.contains(&addr) {
+                out.push(addr);
+            }
+        }
+        out
+    };
     KubeDns {
         udp: real(true),
         tcp: real(false),

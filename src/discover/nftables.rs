@@ -22,7 +22,10 @@ use super::tool;
 /// path and paces itself by how long a look takes.
 const NFT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 use super::{KubeDns, ServiceName};
+use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -76,14 +79,20 @@ fn read_table(family: &str, service: &ServiceName) -> Result<Option<KubeDns>, St
 
 /// Parses one kube-proxy table as `nft -j` prints it. `Err` when the text is not nft's JSON;
 /// `Ok` with empty lists when the table has no such service.
+///
+/// A big cluster's table is tens of megabytes of JSON; a full `Value` tree of it takes about 20
+/// times that. So the first pass keeps every rule's expression as a borrowed slice of the text,
+/// and only the few rules on kube-dns's path are parsed into values.
 pub fn parse(json: &str, service: &ServiceName) -> Result<KubeDns, String> {
-    let doc: Value = serde_json::from_str(json)
+    let doc: Doc = serde_json::from_str(json)
         .map_err(|e| format!("nft printed JSON that cannot be read: {e}"))?;
-    let items = doc
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or("nft's JSON has no \"nftables\" list")?;
-    let table = Table::new(items);
+    let raw = doc.nftables.ok_or("nft's JSON has no \"nftables\" list")?;
+    // Item by item, so an entry of a shape we do not know is skipped rather than fatal.
+    let items: Vec<Item> = raw
+        .iter()
+        .filter_map(|r| serde_json::from_str(r.get()).ok())
+        .collect();
+    let table = Table::new(&items);
     let udp_chain = table.service_chain(service, "udp", "dns");
     let tcp_chain = table.service_chain(service, "tcp", "dns-tcp");
     let backends = |chain: Option<&str>| chain.map(|c| table.backends(c)).unwrap_or_default();
@@ -96,35 +105,76 @@ pub fn parse(json: &str, service: &ServiceName) -> Result<KubeDns, String> {
     })
 }
 
+/// `{"nftables": [ {"chain": {...}} | {"rule": {...}} | {"map": {...}} | anything else ]}`.
+#[derive(Deserialize)]
+struct Doc<'a> {
+    #[serde(borrow)]
+    nftables: Option<Vec<&'a RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct Item<'a> {
+    #[serde(borrow)]
+    chain: Option<Named<'a>>,
+    #[serde(borrow)]
+    rule: Option<Rule<'a>>,
+    #[serde(borrow)]
+    map: Option<Map<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Named<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct Rule<'a> {
+    #[serde(borrow)]
+    chain: Cow<'a, str>,
+    #[serde(borrow)]
+    expr: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Map<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow)]
+    elem: Option<&'a RawValue>,
+}
+
+/// Parses a borrowed JSON fragment; a fragment that does not parse counts as absent.
+fn value(raw: &RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+}
+
 /// The parts of one table that lead from the service to its backends.
 struct Table<'a> {
     /// Chain names in the order nft lists them.
     chains: Vec<&'a str>,
-    /// Each chain's rules (their `expr` lists), in rule order.
-    rules: HashMap<&'a str, Vec<&'a Value>>,
-    /// Elements of the `service-ips` map: `[{"concat": [ip, proto, port]}, verdict]`.
-    service_ips: &'a [Value],
+    /// Each chain's rules (their `expr` lists, unparsed), in rule order.
+    rules: HashMap<&'a str, Vec<&'a RawValue>>,
+    /// Elements of the `service-ips` map: `[{"concat": [ip, proto, port]}, verdict]`, unparsed.
+    service_ips: Option<&'a RawValue>,
 }
 
 impl<'a> Table<'a> {
-    fn new(items: &'a [Value]) -> Table<'a> {
+    fn new(items: &'a [Item<'a>]) -> Table<'a> {
         let mut table = Table {
             chains: Vec::new(),
             rules: HashMap::new(),
-            service_ips: &[],
+            service_ips: None,
         };
         for item in items {
-            if let Some(name) = item.pointer("/chain/name").and_then(Value::as_str) {
-                table.chains.push(name);
-            } else if let Some(rule) = item.get("rule") {
-                if let (Some(chain), Some(expr)) = (rule["chain"].as_str(), rule.get("expr")) {
-                    table.rules.entry(chain).or_default().push(expr);
+            if let Some(chain) = &item.chain {
+                table.chains.push(&chain.name);
+            } else if let Some(rule) = &item.rule {
+                if let Some(expr) = rule.expr {
+                    table.rules.entry(&rule.chain).or_default().push(expr);
                 }
-            } else if item.pointer("/map/name").and_then(Value::as_str) == Some("service-ips") {
-                table.service_ips = item
-                    .pointer("/map/elem")
-                    .and_then(Value::as_array)
-                    .map_or(&[], |v| v);
+            } else if let Some(map) = item.map.as_ref().filter(|m| m.name == "service-ips") {
+                table.service_ips = map.elem;
             }
         }
         table
@@ -145,17 +195,26 @@ impl<'a> Table<'a> {
     fn backends(&self, service_chain: &str) -> Vec<SocketAddr> {
         let mut targets = Vec::new();
         for expr in self.rules.get(service_chain).into_iter().flatten() {
-            verdict_targets(expr, &mut targets);
+            let expr = value(expr);
+            let mut found = Vec::new();
+            verdict_targets(&expr, &mut found);
+            targets.extend(found.into_iter().map(str::to_owned));
         }
+        let mut backends = Vec::new();
         let mut seen = Vec::new();
         for target in targets.into_iter().filter(|t| t.starts_with("endpoint-")) {
-            if !seen.contains(&target) {
-                seen.push(target);
+            if seen.contains(&target) {
+                continue;
             }
+            if let Some(addr) = self.endpoint(&target) {
+                // Two endpoint chains may name the same pod; an upstream is listed once.
+                if !backends.contains(&addr) {
+                    backends.push(addr);
+                }
+            }
+            seen.push(target);
         }
-        seen.into_iter()
-            .filter_map(|chain| self.endpoint(chain))
-            .collect()
+        backends
     }
 
     /// An endpoint chain's address: its `dnat` rule, or failing that its name.
@@ -165,13 +224,14 @@ impl<'a> Table<'a> {
             .get(chain)
             .into_iter()
             .flatten()
-            .find_map(|expr| dnat_target(expr));
+            .find_map(|expr| dnat_target(&value(expr)));
         dnat.or_else(|| endpoint_from_name(chain))
     }
 
     /// The address whose `service-ips` element jumps to `service_chain`.
     fn cluster_ip(&self, service_chain: &str) -> Option<IpAddr> {
-        self.service_ips.iter().find_map(|elem| {
+        let elems = value(self.service_ips?);
+        elems.as_array()?.iter().find_map(|elem| {
             let target = elem.get(1).and_then(|verdict| {
                 verdict
                     .pointer("/goto/target")

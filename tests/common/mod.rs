@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod forwarder;
+pub mod hostile;
 pub mod netns;
 pub mod responder;
 pub mod servers;
@@ -22,6 +23,8 @@ pub mod servers;
 pub use client::*;
 #[allow(unused_imports)]
 pub use forwarder::*;
+#[allow(unused_imports)]
+pub use hostile::*;
 #[allow(unused_imports)]
 pub use netns::*;
 #[allow(unused_imports)]

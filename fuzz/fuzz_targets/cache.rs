@@ -1,0 +1,83 @@
+//! The answer cache fed upstream replies of any shape: it must never panic, never hold more
+//! bytes or entries than its limits, and hand back exactly what was stored (TTLs aside).
+#![no_main]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use fuzz_support::{Input, NAMES, build_query, shape_reply};
+use libfuzzer_sys::fuzz_target;
+use localdns_fallback::cache::{Cache, Key, Limits};
+use localdns_fallback::upstream::Group;
+use localdns_fallback::wire;
+
+fuzz_target!(|data: &[u8]| {
+    let mut input = Input::new(data);
+    let limits = Limits {
+        entries: 1 + usize::from(input.u8() % 32),
+        bytes: usize::from(input.u16()),
+        min_ttl: Duration::from_secs(u64::from(input.u8() % 10)),
+        max_ttl: Duration::from_secs(10 + u64::from(input.u16())),
+        max_stale: Duration::from_secs(u64::from(input.u16())),
+    };
+    let Some(mut cache) = Cache::new(limits) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let mut now_s = 0u64;
+    // The last reply stored under each key, to compare what comes back with.
+    let mut stored: HashMap<Key, Vec<u8>> = HashMap::new();
+    let mut out = Vec::new();
+    while !input.is_empty() {
+        let op = input.u8();
+        let name = NAMES[usize::from(input.u8()) % NAMES.len()];
+        let qtype = [1, 28, 16][usize::from(input.u8() % 3)];
+        let edns = (op & 0x10 != 0).then_some((1232, op & 0x20 != 0));
+        let query = build_query(1, name, input.u32(), qtype, edns);
+        let q = wire::parse_query(&query).expect("built queries parse");
+        let group = if op & 0x40 == 0 {
+            Group::Node
+        } else {
+            Group::Cluster
+        };
+        let key = Key::new(group, &query, &q);
+        let now = t0 + Duration::from_secs(now_s);
+        match op % 4 {
+            0 => {
+                let reply = shape_reply(&query, &mut input);
+                if cache.put(key.clone(), &reply, now) {
+                    stored.insert(key, reply);
+                }
+            }
+            1 => {
+                let reply = input.blob().to_vec();
+                if cache.put(key.clone(), &reply, now) {
+                    stored.insert(key, reply);
+                }
+            }
+            2 => {
+                for fresh in [true, false] {
+                    let hit = if fresh {
+                        cache.get_fresh(&key, now, &mut out)
+                    } else {
+                        cache.get_stale(&key, now, &mut out)
+                    };
+                    if hit {
+                        let original = stored.get(&key).expect("a hit for a key never stored");
+                        assert_eq!(out.len(), original.len());
+                        assert_eq!(out[..wire::HEADER_LEN], original[..wire::HEADER_LEN]);
+                    }
+                }
+            }
+            _ => now_s += u64::from(input.u16()),
+        }
+        assert!(
+            cache.bytes() <= limits.bytes,
+            "{} bytes cached, cap {}",
+            cache.bytes(),
+            limits.bytes
+        );
+        assert!(cache.len() <= limits.entries);
+        assert_eq!(cache.is_empty(), cache.bytes() == 0);
+    }
+});
