@@ -57,6 +57,17 @@ fn start(
     f
 }
 
+/// A node with one upstream namespace running the project's responder in `mode`, serving both
+/// groups, and the forwarder started against it.
+fn one_upstream(mode: Mode) -> (Topology, Upstream, Responder, Forwarder) {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let responder = Responder::start(&up.ns, up.sock_v4(), mode);
+    let fwd = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    (topo, up, responder, fwd)
+}
+
 /// The usual node: unbound as the VNet DNS, dnsmasq as kube-dns, the forwarder between them.
 struct Node {
     topo: Topology,
@@ -177,18 +188,10 @@ fn a_large_answer_is_truncated_over_udp_and_whole_over_tcp() {
 
 #[test]
 fn an_answer_larger_than_the_client_asked_for_becomes_tc() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
     // This upstream ignores the client's size and sends ~4 KB over UDP.
-    let _r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Oversize {
-            answer_v4: KUBERNETES_IP,
-        },
-    );
-    let _f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    let (topo, _up, _r, _f) = one_upstream(Mode::Oversize {
+        answer_v4: KUBERNETES_IP,
+    });
     for (size, truncated) in [
         ("+noedns", true),
         ("+bufsize=1232", true),
@@ -431,17 +434,9 @@ fn sigterm_frees_both_ports_for_the_next_owner_within_100ms() {
 
 #[test]
 fn garbage_from_clients_does_not_stop_service() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let resp = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Normal {
-            answer_v4: KUBERNETES_IP,
-        },
-    );
-    let f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    let (topo, _up, resp, f) = one_upstream(Mode::Normal {
+        answer_v4: KUBERNETES_IP,
+    });
     let node = listener(NODE);
     let good = make_query("example.com", RecordType::A, 0x4242, None);
     let mut response = good.clone();
@@ -499,11 +494,7 @@ fn garbage_from_clients_does_not_stop_service() {
 
 #[test]
 fn a_garbage_upstream_gives_servfail_not_a_hang() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let _g = Responder::start(&up.ns, up.sock_v4(), Mode::Garbage);
-    let _f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+    let (topo, _up, _g, _f) = one_upstream(Mode::Garbage);
     for transport in ["+notcp", "+tcp"] {
         let r = dig(
             &topo.node,
