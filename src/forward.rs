@@ -691,6 +691,8 @@ pub fn serve_udp(
     };
     let mut events = vec![EpollEvent::empty(); pool.len() + 2];
     let mut wait = PollTimeout::ZERO;
+    // This thread's share of the listener's in-flight gauge.
+    let mut reported_inflight = 0;
     loop {
         heartbeats.beat(beat);
         if groups.has_changed().unwrap_or(false) {
@@ -721,7 +723,13 @@ pub fn serve_udp(
         }
         let now = Instant::now();
         relay.on_timers(now, &mut sink);
-        stats.listener(kind).set_inflight(relay.inflight());
+        let inflight = relay.inflight();
+        if inflight != reported_inflight {
+            stats
+                .listener(kind)
+                .add_inflight(inflight as i64 - reported_inflight as i64);
+            reported_inflight = inflight;
+        }
         // After work, look again at once; when idle, sleep until the next try deadline, but wake
         // at least twice a second so the heartbeat shows this loop alive.
         wait = if ready > 0 {
@@ -742,9 +750,14 @@ fn register(
     stop: &Stop,
 ) -> nix::Result<Epoll> {
     let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+    // Several threads wait on the one listener socket; EPOLLEXCLUSIVE wakes one per datagram
+    // instead of all of them.
     epoll.add(
         listener,
-        EpollEvent::new(EpollFlags::EPOLLIN, LISTENER_TOKEN),
+        EpollEvent::new(
+            EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE,
+            LISTENER_TOKEN,
+        ),
     )?;
     for (i, socket) in pool.iter().enumerate() {
         epoll.add(socket, EpollEvent::new(EpollFlags::EPOLLIN, 1 + i as u64))?;

@@ -116,8 +116,13 @@ impl ListenerStats {
         self.shed.fetch_add(1, Relaxed);
     }
 
-    pub fn set_inflight(&self, n: usize) {
-        self.inflight.store(n as u64, Relaxed);
+    /// Several relay threads serve one listener; each adds the change in its own count.
+    pub fn add_inflight(&self, delta: i64) {
+        if delta >= 0 {
+            self.inflight.fetch_add(delta as u64, Relaxed);
+        } else {
+            self.inflight.fetch_sub(delta.unsigned_abs(), Relaxed);
+        }
     }
 
     pub fn cache_hit(&self) {

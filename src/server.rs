@@ -103,37 +103,50 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         _publish_kept = Some(publish);
     }
     let groups = groups_rx.borrow().clone();
-    let heartbeats = Heartbeats::new(2);
+    let threads = config.udp_threads;
+    let heartbeats = Heartbeats::new(2 * threads);
     // One cache for both listeners: the key holds the upstream group, so cluster and VNet answers
     // never mix, while a cluster name asked on either listener shares one entry.
     let cache = Cache::new(config.cache).map(|c| Arc::new(Mutex::new(c)));
 
-    for (beat, (listener, bound, addr)) in [
+    for (index, (listener, bound, addr)) in [
         (Listener::Node, node, config.node_listen),
         (Listener::Cluster, cluster, config.cluster_listen),
     ]
     .into_iter()
     .enumerate()
     {
-        let (v4, v6) = upstream_pool(&config, &groups, listener, owned);
-        let (v4_count, v6_count) = (v4.len(), v6.len());
-        let relay = UdpRelay::new(
-            listener,
-            &config,
-            groups.clone(),
-            cache.clone(),
-            metrics.clone(),
-            (v4_count, v6_count),
-        );
         log_listener(listener, addr, &groups, &config, &bound.udp);
-        let pool = v4.into_iter().chain(v6).collect();
-        let (relay_groups, stop, beats) = (groups_rx.clone(), udp_stop.clone(), heartbeats.clone());
-        let udp = bound.udp;
-        let thread = std::thread::Builder::new()
-            .name(format!("udp-{}", listener.name()))
-            .spawn(move || forward::serve_udp(udp, pool, relay, relay_groups, stop, (beats, beat)))
-            .map_err(|e| format!("cannot start the UDP thread: {e}"))?;
-        udp_threads.push(thread);
+        // Each thread has its own upstream sockets, pending queries and timers; they share the
+        // listener socket itself (one bind, no SO_REUSEPORT), and epoll wakes one of them per
+        // datagram.
+        for t in 0..threads {
+            let udp = bound
+                .udp
+                .try_clone()
+                .map_err(|e| format!("cannot share the UDP socket of {addr}: {e}"))?;
+            let (v4, v6) = upstream_pool(&config, &groups, listener, owned);
+            let relay = UdpRelay::new(
+                listener,
+                &config,
+                groups.clone(),
+                cache.clone(),
+                metrics.clone(),
+                (v4.len(), v6.len()),
+            );
+            let pool = v4.into_iter().chain(v6).collect();
+            let (relay_groups, stop, beats) =
+                (groups_rx.clone(), udp_stop.clone(), heartbeats.clone());
+            let beat = index * threads + t;
+            let thread = std::thread::Builder::new()
+                .name(format!("udp-{}-{t}", listener.name()))
+                .spawn(move || {
+                    forward::serve_udp(udp, pool, relay, relay_groups, stop, (beats, beat))
+                })
+                .map_err(|e| format!("cannot start a UDP thread: {e}"))?;
+            udp_threads.push(thread);
+        }
+        drop(bound.udp);
         let ctx = Arc::new(TcpContext {
             listener,
             config: config.clone(),

@@ -52,6 +52,7 @@ fn help_lists_every_flag_and_version_prints() {
         "--max-tcp-connections",
         "--tcp-idle-timeout",
         "--upstream-sockets",
+        "--udp-threads",
         "--bind-timeout",
         "--log-level",
         "--resolv-conf",

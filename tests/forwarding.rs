@@ -635,3 +635,49 @@ fn a_port_busy_for_longer_than_the_bind_timeout_is_a_clear_error() {
         f.logs()
     );
 }
+
+#[test]
+fn several_relay_threads_share_one_listener_and_all_let_go_on_sigterm() {
+    require_root_and_tools(&["ip", "dig"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let _r = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Normal {
+            answer_v4: KUBERNETES_IP,
+        },
+    );
+    let f = start(
+        &topo,
+        &[up.sock_v4()],
+        &[up.sock_v4()],
+        &["--udp-threads", "3"],
+    );
+    let cluster = listener(CLUSTER);
+    let answered = topo.node.enter(|| {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        for id in 0..300u16 {
+            let q = make_query(&format!("t{id}.svc.cluster.local"), RecordType::A, id, None);
+            socket.send_to(&q, cluster).unwrap();
+        }
+        let mut ids = std::collections::HashSet::new();
+        let mut buf = [0u8; 512];
+        while let Ok(n) = socket.recv(&mut buf) {
+            ids.insert(parse_message(&buf[..n]).expect("a reply").id());
+        }
+        ids.len()
+    });
+    assert_eq!(answered, 300, "every query answered once");
+    f.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        f.wait_exit(Duration::from_secs(3))
+            .expect("exits")
+            .success()
+    );
+    topo.node
+        .enter(|| std::net::UdpSocket::bind(cluster).expect("every thread let go of the port"));
+}
