@@ -994,6 +994,10 @@ async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
 async fn exchange_tcp(upstream: SocketAddr, message: &[u8]) -> io::Result<Vec<u8>> {
     let mut stream = TcpStream::connect(upstream).await?;
     stream.set_nodelay(true)?;
+    // One connection per query, closed by us: without this each would sit in TIME-WAIT for a
+    // minute, and a few hundred TCP queries a second would run the node out of source ports
+    // (measured: 15,000 TIME-WAIT sockets in 3 s). An abortive close leaves none.
+    stream.set_zero_linger()?;
     let mut frame = Vec::with_capacity(message.len() + 2);
     frame.extend_from_slice(&(message.len() as u16).to_be_bytes());
     frame.extend_from_slice(message);
