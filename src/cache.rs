@@ -159,8 +159,9 @@ impl Cache {
     }
 
     /// Copies an answer for `key` that expired no longer than `max_stale` ago (or is still fresh)
-    /// into `out`, every TTL set to `STALE_TTL`: for when every upstream has failed.
-    pub fn get_stale(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
+    /// into `out`, every TTL set to `STALE_TTL`: for when every upstream has failed. `askers` is
+    /// how many clients it will answer; they are counted and logged (see `note_stale`).
+    pub fn get_stale(&mut self, key: &Key, now: Instant, askers: usize, out: &mut Vec<u8>) -> bool {
         let Some(entry) = self.lru.get(key) else {
             return false;
         };
@@ -169,12 +170,13 @@ impl Cache {
             return false;
         }
         copy_with_ttls(entry, |_| STALE_TTL, out);
+        self.note_stale(now, askers);
         true
     }
 
-    /// Counts `n` stale answers served, and says so in the log at most every `STALE_LOG_EVERY`:
-    /// they mean upstreams are failing, but one line per answer would flood the journal.
-    pub fn count_stale(&mut self, now: Instant, n: usize) {
+    /// Stale answers mean upstreams are failing; say so at most every `STALE_LOG_EVERY`, with how
+    /// many were served, since one line per answer would flood the journal.
+    fn note_stale(&mut self, now: Instant, n: usize) {
         self.stale_served += n as u64;
         self.stale_unlogged += n as u64;
         if self
@@ -189,10 +191,6 @@ impl Cache {
             self.stale_unlogged = 0;
             self.last_stale_log = Some(now);
         }
-    }
-
-    pub fn stale_served(&self) -> u64 {
-        self.stale_served
     }
 
     /// Stores `reply` if it may be cached; returns whether it was.
@@ -567,16 +565,16 @@ mod tests {
         let mut out = Vec::new();
         let expired = t0 + Duration::from_secs(61);
         assert!(!c.get_fresh(&key(&q), expired, &mut out));
-        assert!(c.get_stale(&key(&q), expired, &mut out));
+        assert!(c.get_stale(&key(&q), expired, 1, &mut out));
         assert_eq!(ttls(&out), [STALE_TTL]);
         assert_eq!(
             &out[out.len() - 4..out.len() - 2],
             &[0x80, 0],
             "OPT flags untouched"
         );
-        assert!(c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3600), &mut out));
+        assert!(c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3600), 1, &mut out));
         assert!(
-            !c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3601), &mut out),
+            !c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3601), 1, &mut out),
             "too stale"
         );
     }

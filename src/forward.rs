@@ -499,18 +499,11 @@ impl UdpRelay {
         let (Some(cache), Some(key)) = (&self.cache, &p.key) else {
             return false;
         };
-        let served = {
-            let mut cache = lock(cache);
-            let found = cache.get_stale(key, now, &mut self.scratch);
-            if found {
-                cache.count_stale(now, 1 + p.followers.len());
-            }
-            found
-        };
-        if !served {
+        let askers = 1 + p.followers.len();
+        if !lock(cache).get_stale(key, now, askers, &mut self.scratch) {
             return false;
         }
-        self.stats().stale(1 + p.followers.len());
+        self.stats().stale(askers);
         let reply = std::mem::take(&mut self.scratch);
         for asker in std::iter::once(&p.asker).chain(&p.followers) {
             self.deliver(&reply, asker, sink);
@@ -932,9 +925,8 @@ async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
         if !stale {
             return cache.get_fresh(key, now, out);
         }
-        let found = cache.get_stale(key, now, out);
+        let found = cache.get_stale(key, now, 1, out);
         if found {
-            cache.count_stale(now, 1);
             stats.stale(1);
         }
         found
@@ -951,13 +943,13 @@ async fn answer_tcp(ctx: &TcpContext, query: Vec<u8>) -> Option<Vec<u8>> {
     let deadline = tokio::time::Instant::now() + ctx.config.query_timeout;
     let start = upstreams.next_start();
     let mut tried = Vec::with_capacity(MAX_TRIES);
-    let mut rng = StdRng::from_os_rng();
     while tried.len() < MAX_TRIES && tokio::time::Instant::now() < deadline {
         let Some(upstream) = upstreams.pick(start, &tried) else {
             break;
         };
         tried.push(upstream);
-        let id: u16 = rng.random();
+        // The thread's CSPRNG, seeded once, not a fresh one from the OS per query.
+        let id: u16 = rand::rng().random();
         let mut message = query.clone();
         wire::set_id(&mut message, id);
         let budget = deadline.min(tokio::time::Instant::now() + ctx.config.upstream_timeout);

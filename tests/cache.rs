@@ -12,46 +12,15 @@ use hickory_proto::rr::RecordType;
 const ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const CLUSTER: &str = "@169.254.10.11";
 
-struct Rig {
-    topo: Topology,
-    up: Upstream,
-    resp: Option<Responder>,
-    fwd: Forwarder,
-}
+type Rig = OneUpstream;
 
 fn rig(mode: Mode, extra: &[&str]) -> Rig {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let resp = Responder::start(&up.ns, up.sock_v4(), mode);
-    let mut args = vec![
-        "--node-upstream".to_string(),
-        up.sock_v4().to_string(),
-        "--cluster-upstream".into(),
-        up.sock_v4().to_string(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let fwd = Forwarder::spawn(&topo.node, &args);
-    fwd.wait_ready(
-        &topo.node,
-        "169.254.10.11:53".parse().unwrap(),
-        Duration::from_secs(10),
-    );
-    Rig {
-        topo,
-        up,
-        resp: Some(resp),
-        fwd,
-    }
+    OneUpstream::start(mode, extra)
 }
 
 impl Rig {
     fn dig(&self, name: &str) -> DigResult {
         dig(&self.topo.node, &[CLUSTER, name, "+time=4"])
-    }
-
-    fn upstream_queries(&self) -> usize {
-        self.resp.as_ref().map_or(0, Responder::queries)
     }
 }
 

@@ -57,17 +57,6 @@ fn start(
     f
 }
 
-/// A node with one upstream namespace running the project's responder in `mode`, serving both
-/// groups, and the forwarder started against it.
-fn one_upstream(mode: Mode) -> (Topology, Upstream, Responder, Forwarder) {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let responder = Responder::start(&up.ns, up.sock_v4(), mode);
-    let fwd = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
-    (topo, up, responder, fwd)
-}
-
 /// The usual node: unbound as the VNet DNS, dnsmasq as kube-dns, the forwarder between them.
 struct Node {
     topo: Topology,
@@ -189,9 +178,13 @@ fn a_large_answer_is_truncated_over_udp_and_whole_over_tcp() {
 #[test]
 fn an_answer_larger_than_the_client_asked_for_becomes_tc() {
     // This upstream ignores the client's size and sends ~4 KB over UDP.
-    let (topo, _up, _r, _f) = one_upstream(Mode::Oversize {
-        answer_v4: KUBERNETES_IP,
-    });
+    let n = OneUpstream::start(
+        Mode::Oversize {
+            answer_v4: KUBERNETES_IP,
+        },
+        &[],
+    );
+    let topo = &n.topo;
     for (size, truncated) in [
         ("+noedns", true),
         ("+bufsize=1232", true),
@@ -434,9 +427,13 @@ fn sigterm_frees_both_ports_for_the_next_owner_within_100ms() {
 
 #[test]
 fn garbage_from_clients_does_not_stop_service() {
-    let (topo, _up, resp, f) = one_upstream(Mode::Normal {
-        answer_v4: KUBERNETES_IP,
-    });
+    let n = OneUpstream::start(
+        Mode::Normal {
+            answer_v4: KUBERNETES_IP,
+        },
+        &[],
+    );
+    let (topo, f) = (&n.topo, &n.fwd);
     let node = listener(NODE);
     let good = make_query("example.com", RecordType::A, 0x4242, None);
     let mut response = good.clone();
@@ -483,7 +480,7 @@ fn garbage_from_clients_does_not_stop_service() {
         udp_send(&topo.node, node, &packet);
     }
     assert_eq!(
-        resp.queries(),
+        n.upstream_queries(),
         0,
         "nothing malformed or response-shaped went upstream"
     );
@@ -494,7 +491,8 @@ fn garbage_from_clients_does_not_stop_service() {
 
 #[test]
 fn a_garbage_upstream_gives_servfail_not_a_hang() {
-    let (topo, _up, _g, _f) = one_upstream(Mode::Garbage);
+    let n = OneUpstream::start(Mode::Garbage, &[]);
+    let topo = &n.topo;
     for transport in ["+notcp", "+tcp"] {
         let r = dig(
             &topo.node,
@@ -638,22 +636,13 @@ fn a_port_busy_for_longer_than_the_bind_timeout_is_a_clear_error() {
 
 #[test]
 fn several_relay_threads_share_one_listener_and_all_let_go_on_sigterm() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let _r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
+    let n = OneUpstream::start(
         Mode::Normal {
             answer_v4: KUBERNETES_IP,
         },
-    );
-    let f = start(
-        &topo,
-        &[up.sock_v4()],
-        &[up.sock_v4()],
         &["--udp-threads", "3"],
     );
+    let (topo, f) = (&n.topo, &n.fwd);
     let cluster = listener(CLUSTER);
     let answered = topo.node.enter(|| {
         let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();

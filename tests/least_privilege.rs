@@ -20,31 +20,13 @@ fn capabilities(pid: u32) -> [(String, u64); 4] {
 
 #[test]
 fn with_upstreams_given_it_keeps_no_capability_at_all() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let _r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
+    let n = OneUpstream::start(
         Mode::Normal {
             answer_v4: "10.0.0.1".parse().unwrap(),
         },
+        &[],
     );
-    let a = up.sock_v4().to_string();
-    let f = Forwarder::spawn(
-        &topo.node,
-        &[
-            "--node-upstream".into(),
-            a.clone(),
-            "--cluster-upstream".into(),
-            a,
-        ],
-    );
-    f.wait_ready(
-        &topo.node,
-        "169.254.10.11:53".parse().unwrap(),
-        Duration::from_secs(10),
-    );
+    let (topo, f) = (&n.topo, &n.fwd);
     for (field, value) in capabilities(f.pid()) {
         assert_eq!(value, 0, "{field} is {value:#x}; logs:\n{}", f.logs());
     }

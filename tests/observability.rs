@@ -14,47 +14,11 @@ use common::*;
 const METRICS: &str = "127.0.0.1:9355";
 const ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
-struct Rig {
-    topo: Topology,
-    _up: Upstream,
-    _resp: Responder,
-    fwd: Forwarder,
-}
+type Rig = OneUpstream;
 
 fn rig() -> Rig {
-    require_root_and_tools(&["ip", "dig", "curl", "promtool"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let resp = Responder::start(&up.ns, up.sock_v4(), Mode::Normal { answer_v4: ANSWER });
-    let upstream = up.sock_v4().to_string();
-    let args: Vec<String> = [
-        "--node-upstream",
-        &upstream,
-        "--cluster-upstream",
-        &upstream,
-        "--metrics",
-        METRICS,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let fwd = Forwarder::spawn(&topo.node, &args);
-    fwd.wait_ready(
-        &topo.node,
-        "169.254.10.11:53".parse().unwrap(),
-        Duration::from_secs(10),
-    );
-    fwd.wait_ready(
-        &topo.node,
-        "169.254.10.10:53".parse().unwrap(),
-        Duration::from_secs(10),
-    );
-    Rig {
-        topo,
-        _up: up,
-        _resp: resp,
-        fwd,
-    }
+    require_root_and_tools(&["curl", "promtool"]);
+    OneUpstream::start(Mode::Normal { answer_v4: ANSWER }, &["--metrics", METRICS])
 }
 
 impl Rig {
@@ -182,7 +146,7 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
         delta("localdns_fallback_cache_misses_total{listener=\"cluster\"}"),
         4.0
     );
-    let upstream = format!("{{group=\"cluster\",upstream=\"{}\"}}", r._up.sock_v4());
+    let upstream = format!("{{group=\"cluster\",upstream=\"{}\"}}", r.up.sock_v4());
     assert_eq!(
         delta(&format!(
             "localdns_fallback_upstream_queries_total{upstream}"
@@ -195,7 +159,7 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
         )),
         4.0
     );
-    let node_up = format!("{{group=\"node\",upstream=\"{}\"}}", r._up.sock_v4());
+    let node_up = format!("{{group=\"node\",upstream=\"{}\"}}", r.up.sock_v4());
     assert_eq!(
         delta(&format!(
             "localdns_fallback_upstream_queries_total{node_up}"

@@ -60,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
                     let hit = if fresh {
                         cache.get_fresh(&key, now, &mut out)
                     } else {
-                        cache.get_stale(&key, now, &mut out)
+                        cache.get_stale(&key, now, 1, &mut out)
                     };
                     if hit {
                         let original = stored.get(&key).expect("a hit for a key never stored");

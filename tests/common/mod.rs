@@ -14,6 +14,7 @@ pub mod client;
 pub mod forwarder;
 pub mod hostile;
 pub mod netns;
+pub mod node;
 pub mod responder;
 pub mod servers;
 
@@ -27,6 +28,8 @@ pub use forwarder::*;
 pub use hostile::*;
 #[allow(unused_imports)]
 pub use netns::*;
+#[allow(unused_imports)]
+pub use node::*;
 #[allow(unused_imports)]
 pub use responder::*;
 #[allow(unused_imports)]
