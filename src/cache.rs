@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
-use crate::upstream::Group;
+use crate::roles::UpstreamGroup;
 use crate::wire::{self, rcode};
 
 /// TTL written into stale answers (RFC 8767 §4 suggests 30 s).
@@ -19,8 +19,6 @@ pub const STALE_TTL: u32 = 30;
 /// measured with loadtest/cache-memory.sh),
 /// counted against the byte cap so many tiny entries cannot exceed it.
 const ENTRY_OVERHEAD: usize = 256;
-/// Least time between two log lines about stale answers.
-const STALE_LOG_EVERY: Duration = Duration::from_secs(10);
 const TYPE_SOA: u16 = 6;
 const TYPE_OPT: u16 = 41;
 
@@ -55,7 +53,7 @@ impl Default for Limits {
 /// What identifies an answer: same key, same answer.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
-    group: Group,
+    group: UpstreamGroup,
     /// The question name in lower-case wire form.
     name: Box<[u8]>,
     qtype: u16,
@@ -66,7 +64,7 @@ pub struct Key {
 }
 
 impl Key {
-    pub fn new(group: Group, query: &[u8], q: &wire::Query) -> Key {
+    pub fn new(group: UpstreamGroup, query: &[u8], q: &wire::Query) -> Key {
         let name: Box<[u8]> = q.name(query).iter().map(u8::to_ascii_lowercase).collect();
         let flags = u8::from(q.edns)
             | (u8::from(q.dnssec_ok) << 1)
@@ -111,9 +109,6 @@ pub struct Cache {
     lru: LruCache<Key, Entry>,
     limits: Limits,
     bytes: usize,
-    stale_served: u64,
-    stale_unlogged: u64,
-    last_stale_log: Option<Instant>,
 }
 
 impl Cache {
@@ -126,9 +121,6 @@ impl Cache {
             lru: LruCache::unbounded(),
             limits,
             bytes: 0,
-            stale_served: 0,
-            stale_unlogged: 0,
-            last_stale_log: None,
         })
     }
 
@@ -159,9 +151,8 @@ impl Cache {
     }
 
     /// Copies an answer for `key` that expired no longer than `max_stale` ago (or is still fresh)
-    /// into `out`, every TTL set to `STALE_TTL`: for when every upstream has failed. `askers` is
-    /// how many clients it will answer; they are counted and logged (see `note_stale`).
-    pub fn get_stale(&mut self, key: &Key, now: Instant, askers: usize, out: &mut Vec<u8>) -> bool {
+    /// into `out`, every TTL set to `STALE_TTL`: for when every upstream has failed.
+    pub fn get_stale(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
         let Some(entry) = self.lru.get(key) else {
             return false;
         };
@@ -170,27 +161,7 @@ impl Cache {
             return false;
         }
         copy_with_ttls(entry, |_| STALE_TTL, out);
-        self.note_stale(now, askers);
         true
-    }
-
-    /// Stale answers mean upstreams are failing; say so at most every `STALE_LOG_EVERY`, with how
-    /// many were served, since one line per answer would flood the journal.
-    fn note_stale(&mut self, now: Instant, n: usize) {
-        self.stale_served += n as u64;
-        self.stale_unlogged += n as u64;
-        if self
-            .last_stale_log
-            .is_none_or(|t| now.saturating_duration_since(t) >= STALE_LOG_EVERY)
-        {
-            tracing::warn!(
-                stale = self.stale_unlogged,
-                total = self.stale_served,
-                "upstreams failing; answered from expired cache entries"
-            );
-            self.stale_unlogged = 0;
-            self.last_stale_log = Some(now);
-        }
     }
 
     /// Stores `reply` if it may be cached; returns whether it was.
@@ -351,7 +322,7 @@ mod tests {
     }
 
     fn key(q: &[u8]) -> Key {
-        Key::new(Group::Cluster, q, &wire::parse_query(q).unwrap())
+        Key::new(UpstreamGroup::KubeDns, q, &wire::parse_query(q).unwrap())
     }
 
     fn cache() -> Cache {
@@ -369,7 +340,7 @@ mod tests {
         let q = query(1, "www.example.com", A, false);
         assert_ne!(
             k,
-            Key::new(Group::Node, &q, &wire::parse_query(&q).unwrap()),
+            Key::new(UpstreamGroup::VnetDns, &q, &wire::parse_query(&q).unwrap()),
             "group"
         );
         let mut cd = q.clone();
@@ -565,16 +536,16 @@ mod tests {
         let mut out = Vec::new();
         let expired = t0 + Duration::from_secs(61);
         assert!(!c.get_fresh(&key(&q), expired, &mut out));
-        assert!(c.get_stale(&key(&q), expired, 1, &mut out));
+        assert!(c.get_stale(&key(&q), expired, &mut out));
         assert_eq!(ttls(&out), [STALE_TTL]);
         assert_eq!(
             &out[out.len() - 4..out.len() - 2],
             &[0x80, 0],
             "OPT flags untouched"
         );
-        assert!(c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3600), 1, &mut out));
+        assert!(c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3600), &mut out));
         assert!(
-            !c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3601), 1, &mut out),
+            !c.get_stale(&key(&q), t0 + Duration::from_secs(60 + 3601), &mut out),
             "too stale"
         );
     }

@@ -103,7 +103,7 @@ impl Default for Config {
             cluster_domain: "cluster.local".into(),
             cluster_domain_wire: b"\x07cluster\x05local\x00".to_vec(),
             // Well below a stub's 5 s timeout so one dead server costs a client one second, not
-            // its whole attempt (CONTEXT §5).
+            // its whole attempt.
             upstream_timeout: Duration::from_secs(1),
             // Under Node Problem Detector's 3 s probe timeout, so its probe sees SERVFAIL, not silence.
             query_timeout: Duration::from_millis(2500),

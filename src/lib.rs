@@ -1,32 +1,54 @@
 //! localdns-fallback: a DNS forwarder of last resort for AKS nodes whose LocalDNS has failed.
 //!
 //! # Layout
-//! - [`cli`]: the flags, which are the whole configuration (no config file by design).
-//! - [`server`]: start-up and shutdown; binds the listeners and starts the workers.
+//! Every module imports only modules listed above it here, so the graph has no cycle.
+//!
+//! The vocabulary and the pure parts (no socket, no clock, no log):
+//! - [`roles`]: listener roles, upstream groups, transports.
+//! - [`wire`]: DNS wire-format checks and edits on packet bytes, without a full parse.
+//! - [`frame`]: DNS-over-TCP length-prefix framing, a pure decoder.
+//! - [`stats`]: plain counters the serving loops bump and `/metrics` reads.
+//! - [`upstream`]: the upstream sets of both groups and their passive health.
+//! - [`cache`]: the answer cache with serve-stale.
+//! - [`engine`]: every decision about a query, for UDP and TCP alike: local answers, routing,
+//!   cache, coalescing, tries and deadlines, shedding, health. Inputs in, transmits and events out.
+//!
+//! The shells, which move bytes in and out of engines:
+//! - [`mailbox`]: how TCP tasks hand queries and upstream replies to a relay thread.
+//! - [`tcp`]: TCP client connections and upstream TCP exchanges (tokio tasks).
+//! - [`relay`]: a relay thread: one engine, the UDP sockets, the mailbox, epoll.
+//!
+//! The node, start-up and reporting:
+//! - [`discover`]: upstreams from the node's own state, one file per source, and following them.
 //! - [`listen`]: socket binding (IP_FREEBIND, bounded retry while a port is busy).
 //! - [`link`]: the `localdns` interface and its addresses, over rtnetlink.
-//! - [`metrics`]: counters, `/metrics` in Prometheus text format.
 //! - [`privilege`]: dropping capabilities once start-up is done.
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
-//! - [`forward`]: the forwarding path, UDP and TCP: routing, relaying, retries, SERVFAIL.
-//! - [`cache`]: the answer cache with serve-stale.
-//! - [`upstream`]: upstream groups and their passive health (who is tried next).
-//! - [`wire`]: DNS wire-format checks and edits on packet bytes, without a full parse.
-//! - [`discover`]: upstreams from the node's own state, one file per source, and following them.
+//! - [`metrics`]: `/metrics` in Prometheus text format over the counters.
+//! - [`cli`]: the flags, which are the whole configuration (no config file by design).
+//! - [`report`]: `localdns-fallback discover`, what the daemon would use.
+//! - [`server`]: start-up (link, bind, privileges) and serving until the stop signal.
 //!
-//! `forward`, `upstream`, `wire` and the discovery parsers decide; they own no sockets and read no
-//! clock, so their unit tests run without a network. The integration tests in `tests/` run the real binary in network
-//! namespaces against real DNS servers and real clients.
+//! The unit tests of the pure modules run without a network; `tests/loopback.rs` runs the real
+//! binary on loopback without root; the other integration tests in `tests/` run it in network
+//! namespaces against real DNS servers and real clients, and under a real systemd.
 
 pub mod cache;
 pub mod cli;
 pub mod discover;
-pub mod forward;
+pub mod engine;
+pub mod frame;
 pub mod link;
 pub mod listen;
+pub mod mailbox;
 pub mod metrics;
 pub mod privilege;
+pub mod relay;
+pub mod report;
+pub mod roles;
 pub mod server;
+pub mod stats;
 pub mod systemd;
+pub mod tcp;
 pub mod upstream;
 pub mod wire;

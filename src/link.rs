@@ -2,7 +2,7 @@
 //! rtnetlink from the process itself (no `ip` to exec, so no dependency on iproute2 being intact).
 //!
 //! LocalDNS deletes and recreates the link on every start and deletes it on a clean stop; after a
-//! crash the link and both addresses survive (CONTEXT §1). So anything may be there already:
+//! crash the link and both addresses survive. So anything may be there already:
 //! only what is missing is added, a link of another kind is accepted, and nothing is removed when
 //! we stop (a link that stays up with nothing listening makes clients fail over at once).
 

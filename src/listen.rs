@@ -19,22 +19,28 @@ const BIND_RETRY: Duration = Duration::from_millis(100);
 
 /// Both sockets of one listener.
 pub struct Bound {
+    /// The address bound: the one asked for, with the port the kernel chose if it was 0.
+    pub addr: SocketAddr,
     /// Non-blocking; served by a thread of its own, not by the async runtime (see `forward`).
     pub udp: std::net::UdpSocket,
     pub tcp: tokio::net::TcpListener,
 }
 
 /// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
-/// orphaned CoreDNS can hold it for a moment after a crash (CONTEXT §1).
+/// orphaned CoreDNS can hold it for a moment after a crash.
 pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound, String> {
     let started = Instant::now();
     loop {
         match bind_pair(addr) {
-            Ok((udp, tcp)) => {
+            Ok((udp, tcp, bound)) => {
                 let udp = udp.into();
                 let tcp = tokio::net::TcpListener::from_std(tcp.into())
                     .map_err(|e| format!("cannot register TCP socket {addr}: {e}"))?;
-                return Ok(Bound { udp, tcp });
+                return Ok(Bound {
+                    addr: bound,
+                    udp,
+                    tcp,
+                });
             }
             Err(e) if e.kind() == io::ErrorKind::AddrInUse && started.elapsed() < patience => {
                 tracing::debug!(%addr, "listener address busy, retrying");
@@ -50,9 +56,25 @@ pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound
     }
 }
 
-fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket)> {
+/// Binds UDP, then TCP on the same port. Port 0 (tests) means the port the kernel gives the UDP
+/// socket; should TCP find that port taken, another pair is tried.
+fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr)> {
+    for _ in 0..16 {
+        match bind_pair_once(addr) {
+            Err(e) if addr.port() == 0 && e.kind() == io::ErrorKind::AddrInUse => continue,
+            other => return other,
+        }
+    }
+    bind_pair_once(addr)
+}
+
+fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr)> {
     let udp = new_socket(addr, Type::DGRAM, Protocol::UDP)?;
     udp.bind(&addr.into())?;
+    let addr = udp
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
     let tcp = new_socket(addr, Type::STREAM, Protocol::TCP)?;
     // Lets a restart bind while connections of the previous run sit in TIME_WAIT; it does not let
     // two listeners share the port (that would be SO_REUSEPORT, which we leave off so a busy port
@@ -60,7 +82,7 @@ fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket)> {
     tcp.set_reuse_address(true)?;
     tcp.bind(&addr.into())?;
     tcp.listen(TCP_BACKLOG)?;
-    Ok((udp, tcp))
+    Ok((udp, tcp, addr))
 }
 
 fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket> {

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use localdns_fallback::cli::{self, Command};
-use localdns_fallback::{discover, server};
+use localdns_fallback::{report, server};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
@@ -16,11 +16,11 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Ok(Command::Discover { config, json }) => {
-            let report = discover::report::gather(&config);
+            let report = report::gather(&config);
             if json {
-                println!("{}", discover::report::json(&config, &report));
+                println!("{}", report::json(&config, &report));
             } else {
-                print!("{}", discover::report::text(&config, &report));
+                print!("{}", report::text(&config, &report));
             }
             return if report.complete() {
                 ExitCode::SUCCESS

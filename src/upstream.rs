@@ -1,70 +1,50 @@
-//! Upstream groups and their passive health: which server a query tries next.
+//! The upstream servers of each group and their passive health: which server a query tries next.
 //!
-//! Health is learned only from traffic and is forgiving (CONTEXT §5): a server that let a try time
-//! out becomes *suspect* and is tried after the others until any well-formed reply clears it; no
-//! server is ever excluded, and when every server is suspect they are all still tried.
+//! Health is learned only from traffic and is forgiving: a server that let a try fail becomes
+//! *suspect* and is tried after the others until any well-formed reply clears it; no server is
+//! ever excluded, and when every server is suspect they are all still tried. Nothing here logs or
+//! reads a clock: callers learn of changes from the return values and report them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::metrics::{Metrics, UpstreamStats};
+use crate::roles::UpstreamGroup;
+use crate::stats::{Counters, UpstreamStats};
 
-/// How often a warning about one upstream may be logged.
-const WARN_EVERY: Duration = Duration::from_secs(10);
-
-/// The two places a query can be sent, as LocalDNS routes them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Group {
-    /// The VNet DNS servers: every name the node listener is asked outside the cluster domain.
-    Node,
-    /// The kube-dns backends: everything on the cluster listener, and the cluster domain on the node
-    /// listener.
-    Cluster,
-}
-
-impl Group {
-    pub fn name(self) -> &'static str {
-        match self {
-            Group::Node => "node",
-            Group::Cluster => "cluster",
-        }
-    }
-}
-
-/// One group of interchangeable upstream servers, shared by every worker and connection.
+/// One group of interchangeable servers, shared by every relay thread; replaced whole when
+/// discovery finds a new set.
 #[derive(Debug)]
-pub struct Upstreams {
+pub struct UpstreamSet {
     addrs: Vec<SocketAddr>,
     suspect: Vec<AtomicBool>,
-    /// Timeouts since the last warning, per server, so a warning can say how many it covers.
-    timeouts: Vec<AtomicU64>,
-    /// Milliseconds since `epoch` of the last warning per server; 0 means never.
-    last_warn_ms: Vec<AtomicU64>,
-    epoch: Instant,
     /// Rotates the first choice so load spreads over the kube-dns replicas.
     cursor: AtomicUsize,
     /// Failures of any server, ever: discovery looks again early when this climbs.
     failures: AtomicU64,
-    /// Per server counters for /metrics; they outlive this set (see `Metrics::upstream`).
+    /// Per server counters for /metrics; they outlive this set (see [`Counters::upstream`]).
     stats: Vec<Arc<UpstreamStats>>,
 }
 
-impl Upstreams {
-    /// A group whose counters are its own (tests, and sets never exported).
-    pub fn new(addrs: Vec<SocketAddr>) -> Upstreams {
+impl UpstreamSet {
+    /// A set whose counters are its own (tests, and sets never exported).
+    pub fn new(addrs: Vec<SocketAddr>) -> UpstreamSet {
         let stats = addrs.iter().map(|_| Arc::default()).collect();
-        Upstreams::with_stats(addrs, stats)
+        UpstreamSet::with_stats(addrs, stats)
     }
 
-    /// A group counting into `metrics`, where the counters of a server stay across set changes.
-    pub fn counted(addrs: Vec<SocketAddr>, group: Group, metrics: &Metrics) -> Upstreams {
-        let stats = addrs.iter().map(|a| metrics.upstream(group, *a)).collect();
-        Upstreams::with_stats(addrs, stats)
+    /// A set counting into `counters`, where the counters of a server stay across set changes.
+    pub fn counted(
+        addrs: Vec<SocketAddr>,
+        group: UpstreamGroup,
+        counters: &Counters,
+    ) -> UpstreamSet {
+        let stats = addrs.iter().map(|a| counters.upstream(group, *a)).collect();
+        UpstreamSet::with_stats(addrs, stats)
     }
 
-    fn with_stats(addrs: Vec<SocketAddr>, stats: Vec<Arc<UpstreamStats>>) -> Upstreams {
+    fn with_stats(addrs: Vec<SocketAddr>, stats: Vec<Arc<UpstreamStats>>) -> UpstreamSet {
         // A server listed twice would stay "healthy" through its second entry after the first
         // was marked suspect; each server is listed once, first place kept.
         let mut unique: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
@@ -75,17 +55,13 @@ impl Upstreams {
                 unique_stats.push(stat);
             }
         }
-        let (addrs, stats) = (unique, unique_stats);
-        let n = addrs.len();
-        Upstreams {
-            addrs,
+        let n = unique.len();
+        UpstreamSet {
+            addrs: unique,
             suspect: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            timeouts: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            last_warn_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            epoch: Instant::now(),
             cursor: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
-            stats,
+            stats: unique_stats,
         }
     }
 
@@ -150,45 +126,53 @@ impl Upstreams {
     }
 
     /// Any well-formed reply proves the server alive. `took` is the time since its try was sent.
-    pub fn note_reply(&self, addr: SocketAddr, took: Duration) {
-        if let Some(i) = self.index(addr) {
-            self.stats[i].latency.observe(took);
-            if self.suspect[i].load(Ordering::Relaxed) {
-                self.suspect[i].store(false, Ordering::Relaxed);
-                tracing::info!(upstream = %addr, "upstream answers again");
-            }
-        }
+    /// True when this cleared a suspect server.
+    pub fn note_reply(&self, addr: SocketAddr, took: Duration) -> bool {
+        let Some(i) = self.index(addr) else {
+            return false;
+        };
+        self.stats[i].latency.observe(took);
+        self.suspect[i].swap(false, Ordering::Relaxed)
     }
 
-    /// A try timed out or could not be sent. Marks the server suspect and logs a warning at most
-    /// once per `WARN_EVERY` per server.
-    pub fn note_failure(&self, addr: SocketAddr, group: Group, why: &str) {
-        let Some(i) = self.index(addr) else { return };
+    /// A try timed out, could not be sent or was refused by the network. True when this made a
+    /// healthy server suspect.
+    pub fn note_failure(&self, addr: SocketAddr) -> bool {
+        let Some(i) = self.index(addr) else {
+            return false;
+        };
         self.failures.fetch_add(1, Ordering::Relaxed);
         self.stats[i].failures.fetch_add(1, Ordering::Relaxed);
-        self.suspect[i].store(true, Ordering::Relaxed);
-        let missed = self.timeouts[i].fetch_add(1, Ordering::Relaxed) + 1;
-        let now_ms = self.epoch.elapsed().as_millis() as u64 + 1;
-        let last = self.last_warn_ms[i].load(Ordering::Relaxed);
-        if (last == 0 || now_ms.saturating_sub(last) >= WARN_EVERY.as_millis() as u64)
-            && self.last_warn_ms[i]
-                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.timeouts[i].store(0, Ordering::Relaxed);
-            tracing::warn!(
-                upstream = %addr,
-                group = group.name(),
-                failures = missed,
-                "upstream {why}; trying other upstreams first"
-            );
+        !self.suspect[i].swap(true, Ordering::Relaxed)
+    }
+
+    pub fn is_suspect(&self, addr: SocketAddr) -> bool {
+        self.index(addr)
+            .is_some_and(|i| self.suspect[i].load(Ordering::Relaxed))
+    }
+}
+
+/// The sets in force for both groups; replaced whole when discovery finds a new set.
+#[derive(Debug)]
+pub struct UpstreamSets {
+    pub vnet_dns: Arc<UpstreamSet>,
+    pub kube_dns: Arc<UpstreamSet>,
+}
+
+impl UpstreamSets {
+    pub fn get(&self, group: UpstreamGroup) -> &Arc<UpstreamSet> {
+        match group {
+            UpstreamGroup::VnetDns => &self.vnet_dns,
+            UpstreamGroup::KubeDns => &self.kube_dns,
         }
     }
 
-    #[cfg(test)]
-    fn is_suspect(&self, addr: SocketAddr) -> bool {
-        self.index(addr)
-            .is_some_and(|i| self.suspect[i].load(Ordering::Relaxed))
+    /// Sets with no counters behind them (tests).
+    pub fn uncounted(vnet_dns: Vec<SocketAddr>, kube_dns: Vec<SocketAddr>) -> UpstreamSets {
+        UpstreamSets {
+            vnet_dns: Arc::new(UpstreamSet::new(vnet_dns)),
+            kube_dns: Arc::new(UpstreamSet::new(kube_dns)),
+        }
     }
 }
 
@@ -200,8 +184,8 @@ mod tests {
         SocketAddr::from(([198, 18, 0, last], 53))
     }
 
-    fn three() -> Upstreams {
-        Upstreams::new(vec![addr(1), addr(2), addr(3)])
+    fn three() -> UpstreamSet {
+        UpstreamSet::new(vec![addr(1), addr(2), addr(3)])
     }
 
     #[test]
@@ -223,7 +207,8 @@ mod tests {
     #[test]
     fn suspect_servers_go_last_until_they_answer() {
         let u = three();
-        u.note_failure(addr(1), Group::Cluster, "timed out");
+        assert!(u.note_failure(addr(1)), "became suspect");
+        assert!(!u.note_failure(addr(1)), "already suspect");
         assert!(u.is_suspect(addr(1)));
         assert_eq!(u.pick(0, &[]), Some(addr(2)));
         assert_eq!(
@@ -231,7 +216,8 @@ mod tests {
             Some(addr(1)),
             "never excluded"
         );
-        u.note_reply(addr(1), Duration::ZERO);
+        assert!(u.note_reply(addr(1), Duration::ZERO), "recovered");
+        assert!(!u.note_reply(addr(1), Duration::ZERO));
         assert_eq!(u.pick(0, &[]), Some(addr(1)));
     }
 
@@ -239,7 +225,7 @@ mod tests {
     fn all_suspect_still_tries_every_server() {
         let u = three();
         for i in 1..=3 {
-            u.note_failure(addr(i), Group::Node, "timed out");
+            u.note_failure(addr(i));
         }
         assert_eq!(u.pick(2, &[]), Some(addr(3)));
         assert_eq!(u.pick(2, &[addr(3)]), Some(addr(1)));
@@ -247,7 +233,7 @@ mod tests {
 
     #[test]
     fn once_all_were_tried_it_rounds_again() {
-        let single = Upstreams::new(vec![addr(9)]);
+        let single = UpstreamSet::new(vec![addr(9)]);
         assert_eq!(single.pick(0, &[addr(9)]), Some(addr(9)));
         assert_eq!(single.pick(0, &[addr(9), addr(9)]), Some(addr(9)));
         let u = three();
@@ -256,9 +242,9 @@ mod tests {
 
     #[test]
     fn a_server_listed_twice_is_one_server() {
-        let u = Upstreams::new(vec![addr(1), addr(2), addr(1)]);
+        let u = UpstreamSet::new(vec![addr(1), addr(2), addr(1)]);
         assert_eq!(u.addrs(), [addr(1), addr(2)]);
-        u.note_failure(addr(1), Group::Cluster, "timed out");
+        u.note_failure(addr(1));
         assert_eq!(
             u.pick(0, &[]),
             Some(addr(2)),
@@ -267,15 +253,15 @@ mod tests {
     }
 
     #[test]
-    fn empty_group_has_nothing_to_pick() {
-        assert_eq!(Upstreams::new(vec![]).pick(0, &[]), None);
+    fn empty_set_has_nothing_to_pick() {
+        assert_eq!(UpstreamSet::new(vec![]).pick(0, &[]), None);
     }
 
     #[test]
     fn unknown_addresses_are_ignored() {
         let u = three();
-        u.note_failure(addr(200), Group::Node, "timed out");
-        u.note_reply(addr(200), Duration::ZERO);
+        assert!(!u.note_failure(addr(200)));
+        assert!(!u.note_reply(addr(200), Duration::ZERO));
         assert_eq!(u.pick(0, &[]), Some(addr(1)));
     }
 }

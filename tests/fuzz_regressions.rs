@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use localdns_fallback::discover::{ServiceName, ipvs, nftables};
-use localdns_fallback::upstream::{Group, Upstreams};
+use localdns_fallback::upstream::UpstreamSet;
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -65,8 +65,8 @@ fn ipvs_lists_each_backend_once() {
 #[test]
 fn a_duplicated_upstream_that_times_out_is_tried_after_the_others() {
     let (dead, alive) = (addr("10.244.0.5:53"), addr("10.244.1.7:53"));
-    let group = Upstreams::new(vec![dead, alive, dead]);
-    group.note_failure(dead, Group::Cluster, "timed out");
+    let group = UpstreamSet::new(vec![dead, alive, dead]);
+    group.note_failure(dead);
     for start in 0..3 {
         assert_eq!(
             group.pick(start, &[]),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use fuzz_support::{Input, NAMES, build_query, shape_reply};
 use libfuzzer_sys::fuzz_target;
 use localdns_fallback::cache::{Cache, Key, Limits};
-use localdns_fallback::upstream::Group;
+use localdns_fallback::roles::UpstreamGroup;
 use localdns_fallback::wire;
 
 fuzz_target!(|data: &[u8]| {
@@ -36,9 +36,9 @@ fuzz_target!(|data: &[u8]| {
         let query = build_query(1, name, input.u32(), qtype, edns);
         let q = wire::parse_query(&query).expect("built queries parse");
         let group = if op & 0x40 == 0 {
-            Group::Node
+            UpstreamGroup::VnetDns
         } else {
-            Group::Cluster
+            UpstreamGroup::KubeDns
         };
         let key = Key::new(group, &query, &q);
         let now = t0 + Duration::from_secs(now_s);
@@ -60,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
                     let hit = if fresh {
                         cache.get_fresh(&key, now, &mut out)
                     } else {
-                        cache.get_stale(&key, now, 1, &mut out)
+                        cache.get_stale(&key, now, &mut out)
                     };
                     if hit {
                         let original = stored.get(&key).expect("a hit for a key never stored");

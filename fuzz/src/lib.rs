@@ -13,8 +13,9 @@ use std::net::SocketAddr;
 use hickory_proto::op::{Message, MessageType, OpCode};
 use hickory_proto::rr::RecordType;
 use localdns_fallback::cache::Key;
-use localdns_fallback::forward::{Listener, Route, route};
-use localdns_fallback::upstream::Group;
+use localdns_fallback::engine::route::{Route, route};
+use localdns_fallback::frame::FrameDecoder;
+use localdns_fallback::roles::{ListenerRole, UpstreamGroup};
 use localdns_fallback::wire::{self, Reject, rcode};
 
 pub mod relay;
@@ -78,7 +79,7 @@ pub fn client_packet(packet: &[u8]) -> Option<wire::Query> {
             check_parsed_query(packet, &q);
             differential_query(packet, &q);
             let name = q.name(packet);
-            for listener in [Listener::Node, Listener::Cluster] {
+            for listener in ListenerRole::BOTH {
                 if let Route::Local(code) = route(listener, name, CLUSTER_DOMAIN) {
                     assert!(code == rcode::NOERROR || code == rcode::NXDOMAIN);
                 }
@@ -92,7 +93,7 @@ pub fn client_packet(packet: &[u8]) -> Option<wire::Query> {
                 wire::local_reply(packet, &q, code, &mut out);
                 check_local_reply(packet, &q, code, &out);
             }
-            for group in [Group::Node, Group::Cluster] {
+            for group in UpstreamGroup::BOTH {
                 let _ = Key::new(group, packet, &q);
             }
             Some(q)
@@ -237,25 +238,48 @@ pub fn hickory_accepts_so_must_we(packet: &[u8]) {
     );
 }
 
-/// A TCP client's byte stream, cut into frames the way the forwarder's TCP reader does: a 2-byte
-/// length, then that many bytes. A frame the stream ends in the middle of is where a real
-/// connection would stall until the idle timeout closes it. Returns the frames handled.
-pub fn tcp_stream(mut stream: &[u8]) -> usize {
+/// A TCP client's byte stream through the forwarder's own frame decoder (`frame::FrameDecoder`),
+/// fed in pieces whose sizes the input picks, each frame through the same decision path as a
+/// datagram. A frame the stream ends in the middle of is where a real connection would stall
+/// until the idle timeout closes it. Returns the frames handled.
+pub fn tcp_stream(stream: &[u8]) -> usize {
+    let Some((&piece, stream)) = stream.split_first() else {
+        return 0;
+    };
+    let piece = usize::from(piece).max(1);
+    let mut decoder = FrameDecoder::new(wire::MAX_QUERY);
     let mut frames = 0;
-    while stream.len() >= 2 {
-        let len = usize::from(u16::from_be_bytes([stream[0], stream[1]]));
-        let Some(frame) = stream.get(2..2 + len) else {
+    let mut expected = 0;
+    // What a plain reading of the stream says the frames are, to hold the decoder against.
+    let mut rest = stream;
+    while let [hi, lo, tail @ ..] = rest {
+        let len = usize::from(u16::from_be_bytes([*hi, *lo]));
+        if len > wire::MAX_QUERY || tail.len() < len {
             break;
-        };
-        if let Some(q) = client_packet(frame) {
-            // Over TCP the reply is framed with a 16-bit length: what we build must fit it.
-            let mut out = Vec::new();
-            wire::local_reply(frame, &q, rcode::SERVFAIL, &mut out);
-            assert!(out.len() <= usize::from(u16::MAX));
         }
-        frames += 1;
-        stream = &stream[2 + len..];
+        expected += 1;
+        rest = &tail[len..];
     }
+    'feed: for chunk in stream.chunks(piece) {
+        decoder.feed(chunk);
+        loop {
+            match decoder.next_frame() {
+                Ok(Some(frame)) => {
+                    let frame = frame.to_vec();
+                    if let Some(q) = client_packet(&frame) {
+                        // Over TCP the reply is framed with a 16-bit length: what we build must fit it.
+                        let mut out = Vec::new();
+                        wire::local_reply(&frame, &q, rcode::SERVFAIL, &mut out);
+                        assert!(out.len() <= usize::from(u16::MAX));
+                    }
+                    frames += 1;
+                }
+                Ok(None) => break,
+                Err(_) => break 'feed,
+            }
+        }
+    }
+    assert_eq!(frames, expected, "the decoder and a plain reading disagree");
     frames
 }
 

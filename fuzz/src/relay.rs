@@ -1,26 +1,28 @@
-//! The UDP relay as a state machine under fuzz: client datagrams, upstream replies (honest,
-//! mangled, forged) and the passing of time, in any order, through `forward::UdpRelay` (which owns
-//! no socket and no clock, so the fuzzer can drive all of it).
+//! The engine as a state machine under fuzz: client queries over UDP and TCP, upstream replies
+//! (honest, mangled, forged), send failures and the passing of time, in any order, through
+//! `engine::Engine` (which owns no socket and no clock, so the fuzzer can drive all of it).
 //!
 //! What must hold whatever the order:
 //! - every client packet that is not dropped gets exactly one reply, within the query deadline
 //!   (checked by running the clock 10 s past the last event), and nothing stays in flight;
 //! - a reply to a client carries its ID and its own spelling of the question, and is never larger
-//!   than the client advertised (512 bytes without EDNS): no amplification;
+//!   than the client may take (its EDNS size, 512 bytes without EDNS, over UDP): no amplification;
 //! - what goes upstream is a client's query unchanged but for the ID, to an upstream of the
-//!   right group, through a socket of the right address family; never a response;
+//!   right group, over the client's own transport, through a UDP socket of the right family;
+//!   never a response;
 //! - a reply from the wrong address or port, or through the wrong socket, produces nothing.
 
 use std::collections::HashMap;
+use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use localdns_fallback::cache::{Cache, Limits};
-use localdns_fallback::cli::Config;
-use localdns_fallback::forward::{Dest, Groups, Listener, UdpRelay};
-use localdns_fallback::metrics::Metrics;
-use localdns_fallback::upstream::Upstreams;
+use localdns_fallback::engine::{Client, Dest, Engine, Failure, Leg, Settings, Via};
+use localdns_fallback::roles::ListenerRole;
+use localdns_fallback::stats::ListenerStats;
+use localdns_fallback::upstream::UpstreamSets;
 use localdns_fallback::wire;
 
 use crate::{Input, NAMES, build_query, shape_reply, upstream_addr};
@@ -35,23 +37,17 @@ struct ClientQuery {
     replies: usize,
 }
 
-struct UpstreamSend {
-    socket: usize,
-    to: SocketAddr,
-    bytes: Vec<u8>,
-}
-
 pub struct Rig {
-    relay: UdpRelay,
+    engine: Engine,
     t0: Instant,
     now_ms: u64,
     v6_sockets: usize,
     max_inflight: usize,
     node: Vec<SocketAddr>,
     cluster: Vec<SocketAddr>,
-    clients: HashMap<SocketAddr, ClientQuery>,
-    next_port: u16,
-    sends: Vec<UpstreamSend>,
+    clients: HashMap<Client, ClientQuery>,
+    next_client: u16,
+    sends: Vec<(Leg, Vec<u8>)>,
 }
 
 fn v6_upstream(k: u16) -> SocketAddr {
@@ -62,23 +58,21 @@ impl Rig {
     pub fn new(input: &mut Input) -> Rig {
         let flags = input.u8();
         // Small caps so shedding and eviction happen within a short input.
-        let config = Config {
-            max_inflight: 1 + usize::from(input.u8() % 16),
-            ..Config::default()
-        };
+        let max_inflight = 1 + usize::from(input.u8() % 16);
+        let defaults = Limits::default();
         let cache = match flags & 3 {
             0 => None,
-            1 => Cache::new(config.cache),
+            1 => Cache::new(defaults),
             _ => Cache::new(Limits {
                 entries: 1 + usize::from(input.u8() % 8),
                 bytes: 256 + usize::from(input.u16() % 8192),
-                ..config.cache
+                ..defaults
             }),
         };
-        let listener = if flags & 4 == 0 {
-            Listener::Node
+        let role = if flags & 4 == 0 {
+            ListenerRole::Node
         } else {
-            Listener::Cluster
+            ListenerRole::Cluster
         };
         let v6_sockets = usize::from(flags & 8 != 0);
         let node = vec![upstream_addr(1)];
@@ -88,28 +82,32 @@ impl Rig {
             2 => vec![v6_upstream(2)],
             _ => vec![],
         };
-        let groups = Arc::new(Groups {
-            node: Arc::new(Upstreams::new(node.clone())),
-            cluster: Arc::new(Upstreams::new(cluster.clone())),
-        });
-        let relay = UdpRelay::new(
-            listener,
-            &config,
-            groups,
+        let settings = Settings {
+            cluster_domain: crate::CLUSTER_DOMAIN.to_vec(),
+            upstream_timeout: Duration::from_secs(1),
+            query_timeout: Duration::from_millis(2500),
+            max_inflight,
+            udp_sockets_v4: V4_SOCKETS,
+            udp_sockets_v6: v6_sockets,
+        };
+        let engine = Engine::new(
+            role,
+            settings,
+            Arc::new(UpstreamSets::uncounted(node.clone(), cluster.clone())),
             cache.map(|c| Arc::new(Mutex::new(c))),
-            Metrics::new(),
-            (V4_SOCKETS, v6_sockets),
+            Arc::new(ListenerStats::default()),
+            [flags; 32],
         );
         Rig {
-            relay,
+            engine,
             t0: Instant::now(),
             now_ms: 0,
             v6_sockets,
-            max_inflight: config.max_inflight,
+            max_inflight,
             node,
             cluster,
             clients: HashMap::new(),
-            next_port: 1,
+            next_client: 1,
             sends: Vec::new(),
         }
     }
@@ -118,21 +116,28 @@ impl Rig {
         self.t0 + Duration::from_millis(self.now_ms)
     }
 
-    /// Checks and records everything the relay asked to send during one call.
-    fn absorb(&mut self, out: Vec<(Dest, Vec<u8>)>) {
+    /// Checks and records everything the engine asked to send after one input.
+    fn absorb(&mut self) -> usize {
+        let mut out = Vec::new();
+        while let Some(t) = self.engine.poll_transmit() {
+            out.push((t.dest, t.bytes.to_vec()));
+        }
+        while self.engine.poll_event().is_some() {}
+        let n = out.len();
         for (dest, bytes) in out {
             match dest {
-                Dest::Client(addr) => self.check_client_reply(addr, &bytes),
-                Dest::Upstream { socket, to } => self.check_upstream_send(socket, to, bytes),
+                Dest::Client(client) => self.check_client_reply(client, &bytes),
+                Dest::Upstream(leg) => self.check_upstream_send(leg, bytes),
             }
         }
+        n
     }
 
-    fn check_client_reply(&mut self, addr: SocketAddr, bytes: &[u8]) {
+    fn check_client_reply(&mut self, client: Client, bytes: &[u8]) {
         let c = self
             .clients
-            .get_mut(&addr)
-            .unwrap_or_else(|| panic!("a reply to {addr}, which never asked"));
+            .get_mut(&client)
+            .unwrap_or_else(|| panic!("a reply to {client:?}, which never asked"));
         c.replies += 1;
         assert_eq!(c.replies, 1, "one reply per query");
         assert!(c.expects_reply, "a dropped packet was answered");
@@ -140,11 +145,14 @@ impl Rig {
         assert!(wire::is_response(bytes), "replies have QR set");
         assert_eq!(wire::id(bytes), wire::id(&c.packet), "the client's own ID");
         if let Some(q) = &c.parsed {
+            let limit = match client {
+                Client::Udp(_) => usize::from(q.udp_size),
+                Client::Tcp(_) => usize::from(u16::MAX),
+            };
             assert!(
-                bytes.len() <= usize::from(q.udp_size),
-                "a UDP reply of {} bytes to a client that takes {}",
-                bytes.len(),
-                q.udp_size
+                bytes.len() <= limit,
+                "a reply of {} bytes to a client that takes {limit}",
+                bytes.len()
             );
             let qd = u16::from_be_bytes([bytes[4], bytes[5]]);
             if qd == 1 {
@@ -158,29 +166,41 @@ impl Rig {
         }
     }
 
-    fn check_upstream_send(&mut self, socket: usize, to: SocketAddr, bytes: Vec<u8>) {
-        assert!(socket < V4_SOCKETS + self.v6_sockets);
-        assert_eq!(to.is_ipv4(), socket < V4_SOCKETS, "socket family");
+    fn check_upstream_send(&mut self, leg: Leg, bytes: Vec<u8>) {
+        if let Via::Udp { socket } = leg.via {
+            assert!(socket < V4_SOCKETS + self.v6_sockets);
+            assert_eq!(leg.to.is_ipv4(), socket < V4_SOCKETS, "socket family");
+        }
         assert!(
-            self.node.contains(&to) || self.cluster.contains(&to),
-            "sent to {to}, not an upstream"
+            self.node.contains(&leg.to) || self.cluster.contains(&leg.to),
+            "sent to {}, not an upstream",
+            leg.to
         );
         assert!(!wire::is_response(&bytes), "a response was forwarded");
+        assert_eq!(wire::id(&bytes), leg.id, "the leg names the ID sent");
+        let tcp = matches!(leg.via, Via::Tcp);
         assert!(
-            self.clients
-                .values()
-                .any(|c| c.packet.len() == bytes.len() && c.packet[2..] == bytes[2..]),
-            "what goes upstream is a client's query, unchanged but for the ID"
+            self.clients.iter().any(|(client, c)| {
+                matches!(client, Client::Tcp(_)) == tcp
+                    && c.packet.len() == bytes.len()
+                    && c.packet[2..] == bytes[2..]
+            }),
+            "what goes upstream is a client's query, unchanged but for the ID, on its transport"
         );
-        self.sends.push(UpstreamSend { socket, to, bytes });
+        self.sends.push((leg, bytes));
     }
 
-    fn query(&mut self, packet: Vec<u8>) {
-        let addr = SocketAddr::from(([10, 1, 0, 1], self.next_port));
-        self.next_port = self.next_port.wrapping_add(1).max(1);
+    fn query(&mut self, packet: Vec<u8>, tcp: bool) {
+        let n = self.next_client;
+        self.next_client = self.next_client.wrapping_add(1).max(1);
+        let client = if tcp {
+            Client::Tcp(u64::from(n))
+        } else {
+            Client::Udp(SocketAddr::from(([10, 1, 0, 1], n)))
+        };
         let parsed = wire::parse_query(&packet);
         self.clients.insert(
-            addr,
+            client,
             ClientQuery {
                 expects_reply: parsed != Err(wire::Reject::Drop),
                 parsed: parsed.ok(),
@@ -188,59 +208,43 @@ impl Rig {
                 replies: 0,
             },
         );
-        let mut out = Vec::new();
         let now = self.now();
-        self.relay.on_query(&packet, addr, now, &mut |d, b| {
-            out.push((d, b.to_vec()));
-            Ok(())
-        });
-        self.absorb(out);
+        self.engine.handle_query(now, client, &packet);
+        self.absorb();
     }
 
-    /// An upstream datagram. `forged` says it cannot be the awaited reply (wrong address or
+    /// An upstream message. `forged` says it cannot be the awaited reply (wrong address or
     /// socket), so nothing may come of it.
-    fn reply(&mut self, socket: usize, mut packet: Vec<u8>, from: SocketAddr, forged: bool) {
-        // The same (socket, ID, address) may have been used by another try: then it is not forged.
+    fn reply(&mut self, via: Via, packet: Vec<u8>, from: SocketAddr, forged: bool) {
+        // The same (via, ID, address) may have been used by another try: then it is not forged.
         let forged = forged
             && packet.len() >= 2
             && !self
                 .sends
                 .iter()
-                .any(|s| s.socket == socket && s.to == from && s.bytes[..2] == packet[..2]);
-        let mut out = Vec::new();
+                .any(|(leg, b)| leg.via == via && leg.to == from && b[..2] == packet[..2]);
         let now = self.now();
-        self.relay
-            .on_reply(socket, &mut packet, from, now, &mut |d, b| {
-                out.push((d, b.to_vec()));
-                Ok(())
-            });
+        self.engine.handle_reply(now, via, from, &packet);
+        let produced = self.absorb();
         if forged {
-            assert!(
-                out.is_empty(),
-                "a forged reply produced {} datagrams",
-                out.len()
-            );
+            assert_eq!(produced, 0, "a forged reply produced transmits");
         }
-        self.absorb(out);
     }
 
     fn advance(&mut self, ms: u64) {
         self.now_ms += ms;
-        let mut out = Vec::new();
         let now = self.now();
-        self.relay.on_timers(now, &mut |d, b| {
-            out.push((d, b.to_vec()));
-            Ok(())
-        });
-        self.absorb(out);
+        self.engine.handle_timeout(now);
+        self.absorb();
     }
 
     pub fn step(&mut self, input: &mut Input) {
         let sockets = V4_SOCKETS + self.v6_sockets;
-        match input.u8() % 7 {
+        match input.u8() % 8 {
             0 => {
                 let raw = input.blob().to_vec();
-                self.query(raw);
+                let tcp = input.u8() & 1 == 1;
+                self.query(raw, tcp);
             }
             1 | 2 => {
                 let name = NAMES[usize::from(input.u8()) % NAMES.len()];
@@ -256,43 +260,62 @@ impl Rig {
                     _ => Some((input.u16(), input.u8() & 1 == 1)),
                 };
                 let id = input.u16();
-                self.query(build_query(id, name, case, qtype, edns));
+                let tcp = input.u8() % 4 == 0;
+                self.query(build_query(id, name, case, qtype, edns), tcp);
             }
             3 | 4 => {
                 if self.sends.is_empty() {
                     return;
                 }
                 let pick = usize::from(input.u16()) % self.sends.len();
-                let (socket, to, sent) = {
-                    let s = &self.sends[pick];
-                    (s.socket, s.to, s.bytes.clone())
-                };
+                let (leg, sent) = self.sends[pick].clone();
                 let reply = shape_reply(&sent, input);
-                match input.u8() % 8 {
+                match (input.u8() % 8, leg.via) {
                     // The wrong port of the right address.
-                    0 => self.reply(socket, reply, SocketAddr::new(to.ip(), 5353), true),
+                    (0, _) => self.reply(leg.via, reply, SocketAddr::new(leg.to.ip(), 5353), true),
                     // Through another socket.
-                    1 if sockets > 1 => {
+                    (1, Via::Udp { socket }) if sockets > 1 => {
                         let other =
                             (socket + 1 + usize::from(input.u8()) % (sockets - 1)) % sockets;
-                        self.reply(other, reply, to, true)
+                        self.reply(Via::Udp { socket: other }, reply, leg.to, true)
                     }
-                    _ => self.reply(socket, reply, to, false),
+                    _ => self.reply(leg.via, reply, leg.to, false),
                 }
             }
             5 => {
-                let socket = usize::from(input.u8()) % sockets;
+                let via = match input.u8() % 4 {
+                    0 => Via::Tcp,
+                    n => Via::Udp {
+                        socket: usize::from(n) % sockets,
+                    },
+                };
                 let from = match input.u8() % 3 {
                     0 => upstream_addr(1),
                     1 => upstream_addr(2),
                     _ => v6_upstream(2),
                 };
                 let raw = input.blob().to_vec();
-                self.reply(socket, raw, from, false);
+                self.reply(via, raw, from, false);
+            }
+            6 => {
+                // A send or exchange that failed, of the network's or of our own making.
+                if self.sends.is_empty() {
+                    return;
+                }
+                let pick = usize::from(input.u16()) % self.sends.len();
+                let leg = self.sends[pick].0;
+                let failure = match input.u8() % 3 {
+                    0 => Failure::Network(io::ErrorKind::ConnectionRefused),
+                    1 => Failure::from_io(&io::Error::from_raw_os_error(24)),
+                    _ => Failure::Network(io::ErrorKind::UnexpectedEof),
+                };
+                let now = self.now();
+                self.engine.handle_failure(now, leg, failure);
+                self.absorb();
             }
             _ => self.advance(u64::from(input.u16() % 3000)),
         }
-        assert!(self.relay.inflight() <= self.max_inflight);
+        assert!(self.engine.inflight() <= self.max_inflight);
     }
 
     /// Runs the clock past every deadline: each query that deserved a reply has had exactly one,
@@ -301,12 +324,12 @@ impl Rig {
         for _ in 0..20 {
             self.advance(500);
         }
-        assert_eq!(self.relay.inflight(), 0, "queries left in flight");
-        for (addr, c) in &self.clients {
+        assert_eq!(self.engine.inflight(), 0, "queries left in flight");
+        for (client, c) in &self.clients {
             assert_eq!(
                 c.replies,
                 usize::from(c.expects_reply),
-                "client {addr} sent {:02x?}",
+                "client {client:?} sent {:02x?}",
                 c.packet
             );
         }

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 use super::{KubeDnsFinding, Settings, explain, find_kube_dns, resolv_conf};
-use crate::forward::Groups;
-use crate::metrics::Metrics;
-use crate::upstream::{Group, Upstreams};
+use crate::roles::UpstreamGroup;
+use crate::stats::Counters;
+use crate::upstream::{UpstreamSet, UpstreamSets};
 
 /// How often resolv.conf is checked (a `stat`; read only when it changed).
 const RESOLV_CONF_CHECK: Duration = Duration::from_secs(1);
@@ -38,8 +38,8 @@ pub async fn follow(
     settings: Settings,
     owned: Owned,
     listeners: Vec<IpAddr>,
-    publish: watch::Sender<Arc<Groups>>,
-    metrics: Arc<Metrics>,
+    publish: watch::Sender<Arc<UpstreamSets>>,
+    metrics: Arc<Counters>,
     first_pass: oneshot::Sender<()>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -61,7 +61,7 @@ pub async fn follow(
             }
         }
         if owned.cluster {
-            let failures = publish.borrow().cluster.failures();
+            let failures = publish.borrow().kube_dns.failures();
             let pace = look_took * LOOK_DUTY;
             let due = last_look.is_none_or(|t| {
                 let since = t.elapsed();
@@ -91,8 +91,8 @@ pub async fn follow(
 }
 
 fn node_update(
-    publish: &watch::Sender<Arc<Groups>>,
-    metrics: &Metrics,
+    publish: &watch::Sender<Arc<UpstreamSets>>,
+    metrics: &Counters,
     settings: &Settings,
     found: Result<Vec<SocketAddr>, String>,
     said: &mut Option<String>,
@@ -103,7 +103,7 @@ fn node_update(
             swap(
                 publish,
                 metrics,
-                Group::Node,
+                UpstreamGroup::VnetDns,
                 servers,
                 &format!("resolv.conf {path}"),
             );
@@ -119,7 +119,7 @@ fn node_update(
                 ),
             };
             if said.as_deref() != Some(why.as_str()) {
-                let serving = !publish.borrow().node.is_empty();
+                let serving = !publish.borrow().vnet_dns.is_empty();
                 if serving {
                     tracing::warn!("{why}; keeping the VNet DNS servers found before");
                 } else {
@@ -134,8 +134,8 @@ fn node_update(
 }
 
 fn cluster_update(
-    publish: &watch::Sender<Arc<Groups>>,
-    metrics: &Metrics,
+    publish: &watch::Sender<Arc<UpstreamSets>>,
+    metrics: &Counters,
     settings: &Settings,
     finding: KubeDnsFinding,
     said: &mut Option<String>,
@@ -144,7 +144,7 @@ fn cluster_update(
         swap(
             publish,
             metrics,
-            Group::Cluster,
+            UpstreamGroup::KubeDns,
             finding.upstreams,
             source.name(),
         );
@@ -157,7 +157,7 @@ fn cluster_update(
         explain(&finding.notes)
     );
     if said.as_deref() != Some(why.as_str()) {
-        if publish.borrow().cluster.is_empty() {
+        if publish.borrow().kube_dns.is_empty() {
             tracing::warn!("{why}; the cluster listener answers SERVFAIL until some are found");
         } else {
             tracing::warn!("{why}; keeping the kube-dns servers found before");
@@ -168,9 +168,9 @@ fn cluster_update(
 
 /// Publishes `servers` for `group` if they differ from the set in force.
 fn swap(
-    publish: &watch::Sender<Arc<Groups>>,
-    metrics: &Metrics,
-    group: Group,
+    publish: &watch::Sender<Arc<UpstreamSets>>,
+    metrics: &Counters,
+    group: UpstreamGroup,
     servers: Vec<SocketAddr>,
     source: &str,
 ) {
@@ -187,16 +187,16 @@ fn swap(
         "upstreams changed"
     );
     metrics.upstreams_changed(group, source);
-    let fresh = Arc::new(Upstreams::counted(servers, group, metrics));
-    let groups = match group {
-        Group::Node => Groups {
-            node: fresh,
-            cluster: current.cluster.clone(),
+    let fresh = Arc::new(UpstreamSet::counted(servers, group, metrics));
+    let sets = match group {
+        UpstreamGroup::VnetDns => UpstreamSets {
+            vnet_dns: fresh,
+            kube_dns: current.kube_dns.clone(),
         },
-        Group::Cluster => Groups {
-            node: current.node.clone(),
-            cluster: fresh,
+        UpstreamGroup::KubeDns => UpstreamSets {
+            vnet_dns: current.vnet_dns.clone(),
+            kube_dns: fresh,
         },
     };
-    publish.send_replace(Arc::new(groups));
+    publish.send_replace(Arc::new(sets));
 }

@@ -1,4 +1,4 @@
-//! Upstream discovery from the node's own state (CONTEXT §3). Never resolves a name, never asks the
+//! Upstream discovery from the node's own state. Never resolves a name, never asks the
 //! Kubernetes API, never reads LocalDNS's own configuration.
 //!
 //! Each source is one file with a pure parser (node text in, upstreams out) and a thin reader that
@@ -11,7 +11,6 @@ pub mod follow;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
-pub mod report;
 pub mod resolv_conf;
 pub mod tool;
 

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
 
-use super::{explain, find_kube_dns, resolv_conf};
 use crate::cli::Config;
+use crate::discover::{explain, find_kube_dns, resolv_conf};
 
 /// One group's upstreams, where they came from, and why there are none if so.
 #[derive(Debug)]

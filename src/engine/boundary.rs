@@ -1,0 +1,135 @@
+//! What crosses the engine's boundary: its settings, who asks, how a try travels, what the
+//! shells are asked to send, why a try failed, and the events worth a log line.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::roles::{Transport, UpstreamGroup};
+
+/// What the engine needs to know from the flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The cluster domain in lower-case wire form: these names go to kube-dns on the node listener.
+    pub cluster_domain: Vec<u8>,
+    /// Budget for one try at one upstream; then the next upstream is tried.
+    pub upstream_timeout: Duration,
+    /// Budget for a whole query; the client gets SERVFAIL (or a stale answer) after it.
+    pub query_timeout: Duration,
+    /// Queries in flight at once; beyond it clients get REFUSED at once.
+    pub max_inflight: usize,
+    /// Upstream UDP sockets the shell has: numbers `0..v4` are IPv4, the next `v6` IPv6.
+    pub udp_sockets_v4: usize,
+    pub udp_sockets_v6: usize,
+}
+
+/// An identifier the TCP shell gives each client connection.
+pub type ConnId = u64;
+
+/// Who asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Client {
+    Udp(SocketAddr),
+    Tcp(ConnId),
+}
+
+impl Client {
+    pub fn transport(self) -> Transport {
+        match self {
+            Client::Udp(_) => Transport::Udp,
+            Client::Tcp(_) => Transport::Tcp,
+        }
+    }
+}
+
+/// How a try travels to its upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Via {
+    /// Through upstream UDP socket number `socket` of the shell.
+    Udp { socket: usize },
+    /// Over TCP (the shell picks or opens the connection).
+    Tcp,
+}
+
+/// One try at one upstream: what the shell hands back with a reply or a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Leg {
+    pub via: Via,
+    pub to: SocketAddr,
+    /// The query ID of this try (a fresh one per try, from the CSPRNG).
+    pub id: u16,
+}
+
+/// Where a transmit goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dest {
+    Client(Client),
+    Upstream(Leg),
+}
+
+/// Bytes to send, borrowed from the engine until the next call.
+#[derive(Debug)]
+pub struct Transmit<'a> {
+    pub dest: Dest,
+    pub bytes: &'a [u8],
+}
+
+/// Why a try ended without an acceptable reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    TimedOut,
+    /// The network said no: ICMP unreachable, connection refused or reset, a stream that closed
+    /// before the reply.
+    Network(io::ErrorKind),
+    /// This host cannot reach the upstream's address family (no socket of that family).
+    NoSocket,
+    /// Our own resources ran out (descriptors, buffers, query IDs): not the upstream's fault.
+    Local(io::ErrorKind),
+}
+
+impl Failure {
+    /// Sorts an IO error into a network failure or one of our own.
+    pub fn from_io(e: &io::Error) -> Failure {
+        match e.raw_os_error() {
+            Some(libc_errno) if LOCAL_ERRNOS.contains(&libc_errno) => Failure::Local(e.kind()),
+            _ => Failure::Network(e.kind()),
+        }
+    }
+
+    /// Does this say anything about the upstream's health?
+    pub fn blames_upstream(self) -> bool {
+        !matches!(self, Failure::Local(_))
+    }
+}
+
+/// EMFILE, ENFILE, ENOBUFS, ENOMEM: the process or the host ran out of something.
+const LOCAL_ERRNOS: [i32; 4] = [24, 23, 105, 12];
+
+/// Something worth telling the operator; the shells turn these into log lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A healthy upstream failed a try and is now tried after the others.
+    UpstreamSuspect {
+        group: UpstreamGroup,
+        upstream: SocketAddr,
+        failure: Failure,
+    },
+    /// A suspect upstream answered again.
+    UpstreamRecovered {
+        group: UpstreamGroup,
+        upstream: SocketAddr,
+    },
+    /// Every try for a name failed and this many clients got the expired cached answer.
+    ServedStale { answers: usize },
+}
+
+/// What became of a client's packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Dropped unanswered: it will never get a reply.
+    Dropped,
+    /// Answered already (a transmit is queued).
+    Answered,
+    /// Waiting for an upstream; exactly one reply will follow.
+    Waiting,
+}

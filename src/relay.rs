@@ -1,0 +1,387 @@
+//! A relay thread: the IO shell around one [`Engine`]. It owns one listener's UDP socket (shared
+//! with the listener's other relay threads, if any), its own upstream UDP sockets, and the mailbox
+//! through which the TCP tasks hand it client queries and upstream replies.
+//!
+//! A datagram is read, decided on and sent by this one thread, with no channel or task in
+//! between: per-packet hand-offs between threads were measured as the real cost of a relay. The
+//! thread waits in epoll for whichever sockets are readable, drains each of them, runs the
+//! engine's timers and waits again: plain non-blocking syscalls, since an async runtime would
+//! learn of new datagrams only when its reactor next runs (a wake-up and a hand-off per burst).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::PollTimeout;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use tokio::sync::{mpsc, watch};
+
+use crate::engine::{Client, ConnId, Dest, Engine, Event, Failure, Leg, Outcome, Via};
+use crate::mailbox::{Letter, Mailbox};
+use crate::roles::Transport;
+use crate::stats::ListenerStats;
+use crate::systemd::Heartbeats;
+use crate::tcp::UpstreamSide;
+use crate::upstream::UpstreamSets;
+
+/// Datagrams read from one socket before looking at the others, so no socket starves the rest.
+const BATCH: usize = 64;
+/// Room for the largest datagram UDP can carry: upstream answers are never cut by us.
+const MAX_DATAGRAM: usize = 65535;
+/// Longest an idle loop sleeps before going round (and beating its heartbeat) again.
+const HEARTBEAT_IDLE: Duration = Duration::from_millis(500);
+/// How often a warning about one upstream, or about stale answers, may be logged.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// epoll tokens: the stop eventfd, the mailbox, the listener; upstream socket `i` is `FIRST_UPSTREAM + i`.
+const STOP_TOKEN: u64 = u64::MAX;
+const MAILBOX_TOKEN: u64 = u64::MAX - 1;
+const LISTENER_TOKEN: u64 = 0;
+const FIRST_UPSTREAM: u64 = 1;
+
+/// Tells the relay threads to stop: an eventfd in each thread's epoll set, so a sleeping thread
+/// wakes at once (LocalDNS is waiting for the port). Once written it stays readable.
+pub struct Stop {
+    wake: EventFd,
+}
+
+impl Stop {
+    pub fn new() -> io::Result<Arc<Stop>> {
+        let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Arc::new(Stop { wake }))
+    }
+
+    pub fn stop(&self) {
+        let _ = self.wake.write(1);
+    }
+}
+
+/// Everything one relay thread runs with.
+pub struct Relay {
+    pub engine: Engine,
+    pub listener: UdpSocket,
+    /// Upstream UDP sockets: IPv4 first, then IPv6, as the engine's settings count them.
+    pub pool: Vec<UdpSocket>,
+    pub mailbox: Arc<Mailbox>,
+    pub tcp: Arc<UpstreamSide>,
+    pub upstreams: watch::Receiver<Arc<UpstreamSets>>,
+    pub stats: Arc<ListenerStats>,
+    pub stop: Arc<Stop>,
+    pub heartbeat: (Arc<Heartbeats>, usize),
+    /// After the stop, how long queries already taken may still be answered (TCP clients).
+    pub drain: Duration,
+}
+
+/// The state of a running relay thread besides the engine.
+struct Shell {
+    listener: Option<UdpSocket>,
+    pool: Vec<UdpSocket>,
+    mailbox: Arc<Mailbox>,
+    tcp: Arc<UpstreamSide>,
+    stats: Arc<ListenerStats>,
+    clients: HashMap<ConnId, mpsc::Sender<Vec<u8>>>,
+    failed: Vec<(Leg, Failure)>,
+    log: EventLog,
+}
+
+/// Runs on the calling thread until the stop and the drain after it; returning closes the sockets.
+pub fn run(relay: Relay) {
+    let Relay {
+        mut engine,
+        listener,
+        pool,
+        mailbox,
+        tcp,
+        mut upstreams,
+        stats,
+        stop,
+        heartbeat: (heartbeats, beat),
+        drain,
+    } = relay;
+    let role = engine.role();
+    let epoll = match register(&listener, &pool, &mailbox, &stop) {
+        Ok(epoll) => epoll,
+        Err(e) => {
+            tracing::error!(error = %e, listener = role.name(), "cannot set up epoll; UDP not served");
+            return;
+        }
+    };
+    let mut shell = Shell {
+        listener: Some(listener),
+        pool,
+        mailbox,
+        tcp,
+        stats,
+        clients: HashMap::new(),
+        failed: Vec::new(),
+        log: EventLog::default(),
+    };
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut letters = Vec::new();
+    let mut events = vec![EpollEvent::empty(); shell.pool.len() + 3];
+    let mut wait = PollTimeout::ZERO;
+    let mut stopping: Option<Instant> = None;
+    // This thread's share of the listener's in-flight gauge.
+    let mut reported_inflight = 0;
+    loop {
+        heartbeats.beat(beat);
+        if upstreams.has_changed().unwrap_or(false) {
+            engine.set_upstreams(upstreams.borrow_and_update().clone());
+        }
+        let ready = match epoll.wait(&mut events, wait) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => 0,
+            Err(e) => {
+                tracing::error!(error = %e, "epoll_wait failed; retrying");
+                std::thread::sleep(Duration::from_millis(10));
+                0
+            }
+        };
+        for event in &events[..ready] {
+            match event.data() {
+                STOP_TOKEN => {
+                    if let Some(l) = shell.listener.take() {
+                        let _ = epoll.delete(&l);
+                        let _ = epoll.delete(&stop.wake);
+                        stopping = Some(Instant::now() + drain);
+                    }
+                }
+                LISTENER_TOKEN => {
+                    if let Some(l) = shell.listener.as_ref() {
+                        for_each_datagram(l, &mut buf, |packet, from| {
+                            engine.handle_query(Instant::now(), Client::Udp(from), packet);
+                        });
+                    }
+                    shell.flush(&mut engine);
+                }
+                MAILBOX_TOKEN => {
+                    shell.mailbox.take(&mut letters);
+                    for letter in letters.drain(..) {
+                        shell.deliver_letter(&mut engine, letter);
+                    }
+                    shell.flush(&mut engine);
+                }
+                token => {
+                    let socket = (token - FIRST_UPSTREAM) as usize;
+                    for_each_datagram(&shell.pool[socket], &mut buf, |packet, from| {
+                        engine.handle_reply(Instant::now(), Via::Udp { socket }, from, packet);
+                    });
+                    shell.flush(&mut engine);
+                }
+            }
+        }
+        let now = Instant::now();
+        engine.handle_timeout(now);
+        shell.flush(&mut engine);
+        let inflight = engine.inflight();
+        if inflight != reported_inflight {
+            shell
+                .stats
+                .add_inflight(inflight as i64 - reported_inflight as i64);
+            reported_inflight = inflight;
+        }
+        if let Some(until) = stopping {
+            // Answers can still reach TCP clients; UDP ones cannot (the socket is closed).
+            if inflight == 0 || shell.clients.is_empty() || now >= until {
+                shell.stats.add_inflight(-(reported_inflight as i64));
+                return;
+            }
+        }
+        // After work, look again at once; when idle, sleep until the next deadline, but wake at
+        // least twice a second so the heartbeat shows this loop alive.
+        wait = if ready > 0 {
+            PollTimeout::ZERO
+        } else {
+            let until = engine.poll_timeout().map_or(HEARTBEAT_IDLE, |t| {
+                t.saturating_duration_since(now).min(HEARTBEAT_IDLE)
+            });
+            // Round up: waking a millisecond early would only spin until the deadline.
+            PollTimeout::from(until.as_micros().div_ceil(1000).min(u128::from(u16::MAX)) as u16)
+        };
+    }
+}
+
+impl Shell {
+    fn deliver_letter(&mut self, engine: &mut Engine, letter: Letter) {
+        let now = Instant::now();
+        match letter {
+            Letter::TcpOpened { conn, replies } => {
+                self.clients.insert(conn, replies);
+            }
+            Letter::TcpQuery { conn, query } => {
+                if engine.handle_query(now, Client::Tcp(conn), &query) == Outcome::Dropped {
+                    // Tell the connection no reply is coming, so it can count the query done.
+                    if let Some(tx) = self.clients.get(&conn) {
+                        let _ = tx.try_send(Vec::new());
+                    }
+                }
+            }
+            Letter::TcpClosed { conn } => {
+                self.clients.remove(&conn);
+            }
+            Letter::UpstreamReply { leg, reply } => {
+                engine.handle_reply(now, leg.via, leg.to, &reply);
+            }
+            Letter::UpstreamFailed { leg, failure } => engine.handle_failure(now, leg, failure),
+        }
+    }
+
+    /// Sends everything the engine has queued; sends that fail go back in as failures, which may
+    /// queue more.
+    fn flush(&mut self, engine: &mut Engine) {
+        loop {
+            while let Some(t) = engine.poll_transmit() {
+                match t.dest {
+                    Dest::Client(Client::Udp(to)) => {
+                        self.stats.response(Transport::Udp, t.bytes);
+                        if let Some(l) = &self.listener {
+                            let _ = l.send_to(t.bytes, to);
+                        }
+                    }
+                    Dest::Client(Client::Tcp(conn)) => {
+                        self.stats.response(Transport::Tcp, t.bytes);
+                        if let Some(tx) = self.clients.get(&conn) {
+                            let _ = tx.try_send(t.bytes.to_vec());
+                        }
+                    }
+                    Dest::Upstream(leg) => match leg.via {
+                        // A full send queue is congestion here, not a fault of the upstream: the
+                        // datagram is lost like any other and the try's timer moves the query on.
+                        Via::Udp { socket } => match self.pool[socket].send_to(t.bytes, leg.to) {
+                            Ok(_) => {}
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                            Err(e) => self.failed.push((leg, Failure::from_io(&e))),
+                        },
+                        Via::Tcp => {
+                            let started =
+                                self.tcp.start(leg, t.bytes.to_vec(), self.mailbox.clone());
+                            if let Err(failure) = started {
+                                self.failed.push((leg, failure));
+                            }
+                        }
+                    },
+                }
+            }
+            while let Some(event) = engine.poll_event() {
+                self.log.event(event, Instant::now());
+            }
+            if self.failed.is_empty() {
+                return;
+            }
+            let now = Instant::now();
+            for (leg, failure) in std::mem::take(&mut self.failed) {
+                engine.handle_failure(now, leg, failure);
+            }
+        }
+    }
+}
+
+/// Turns engine events into log lines, at most one per upstream (and one about stale answers)
+/// every `WARN_EVERY`, each saying how many it stands for.
+#[derive(Default)]
+struct EventLog {
+    /// Per upstream: when it was last warned about, and failures since.
+    upstreams: HashMap<SocketAddr, (Option<Instant>, u64)>,
+    stale: (Option<Instant>, u64),
+}
+
+impl EventLog {
+    fn event(&mut self, event: Event, now: Instant) {
+        let due = |last: Option<Instant>| last.is_none_or(|t| now.duration_since(t) >= WARN_EVERY);
+        match event {
+            Event::UpstreamSuspect {
+                group,
+                upstream,
+                failure,
+            } => {
+                let (last, missed) = self.upstreams.entry(upstream).or_default();
+                *missed += 1;
+                if due(*last) {
+                    tracing::warn!(
+                        upstream = %upstream,
+                        group = group.name(),
+                        failures = *missed,
+                        "upstream {}; trying other upstreams first",
+                        describe(failure)
+                    );
+                    (*last, *missed) = (Some(now), 0);
+                }
+            }
+            Event::UpstreamRecovered { group, upstream } => {
+                tracing::info!(upstream = %upstream, group = group.name(), "upstream answers again");
+            }
+            Event::ServedStale { answers } => {
+                let (last, unlogged) = &mut self.stale;
+                *unlogged += answers as u64;
+                if due(*last) {
+                    tracing::warn!(
+                        stale = *unlogged,
+                        "upstreams failing; answered from expired cache entries"
+                    );
+                    (*last, *unlogged) = (Some(now), 0);
+                }
+            }
+        }
+    }
+}
+
+fn describe(failure: Failure) -> String {
+    match failure {
+        Failure::TimedOut => "timed out".into(),
+        Failure::Network(kind) => format!("cannot be reached ({kind})"),
+        Failure::NoSocket => "has an address family this host cannot use".into(),
+        Failure::Local(kind) => format!("was not tried: out of local resources ({kind})"),
+    }
+}
+
+fn register(
+    listener: &UdpSocket,
+    pool: &[UdpSocket],
+    mailbox: &Mailbox,
+    stop: &Stop,
+) -> nix::Result<Epoll> {
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+    // Several threads may wait on the one listener socket; EPOLLEXCLUSIVE wakes one per datagram
+    // instead of all of them.
+    epoll.add(
+        listener,
+        EpollEvent::new(
+            EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE,
+            LISTENER_TOKEN,
+        ),
+    )?;
+    for (i, socket) in pool.iter().enumerate() {
+        epoll.add(
+            socket,
+            EpollEvent::new(EpollFlags::EPOLLIN, FIRST_UPSTREAM + i as u64),
+        )?;
+    }
+    epoll.add(
+        mailbox.fd(),
+        EpollEvent::new(EpollFlags::EPOLLIN, MAILBOX_TOKEN),
+    )?;
+    epoll.add(&stop.wake, EpollEvent::new(EpollFlags::EPOLLIN, STOP_TOKEN))?;
+    Ok(epoll)
+}
+
+/// Reads up to `BATCH` datagrams from a readable socket, so one busy socket cannot starve the
+/// others; what is left is reported again by the next (level-triggered) wait.
+fn for_each_datagram(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+    mut handle: impl FnMut(&[u8], SocketAddr),
+) {
+    for _ in 0..BATCH {
+        match socket.recv_from(buf) {
+            Ok((n, from)) => handle(&buf[..n], from),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "UDP receive error");
+                return;
+            }
+        }
+    }
+}

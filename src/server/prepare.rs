@@ -1,0 +1,92 @@
+//! Everything that needs privilege, done once before serving: the `localdns` link and its
+//! addresses, the listener sockets (and the metrics socket), then dropping every capability that
+//! discovery does not still need.
+
+use std::net::IpAddr;
+
+use crate::cli::Config;
+use crate::discover::Source;
+use crate::listen::{self, Bound};
+use crate::{link, privilege};
+
+/// What serving starts from.
+pub struct Prepared {
+    pub node: Bound,
+    pub cluster: Bound,
+    pub metrics: Option<tokio::net::TcpListener>,
+    /// Which upstream groups discovery fills (a group given by flags is never touched).
+    pub owned: crate::discover::follow::Owned,
+}
+
+pub async fn prepare(config: &Config) -> Result<Prepared, String> {
+    if config.link_setup {
+        set_up_link(config)?;
+    }
+    let metrics = match config.metrics {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
+    let (node, cluster) = tokio::try_join!(
+        listen::bind_listener(config.node_listen, config.bind_timeout),
+        listen::bind_listener(config.cluster_listen, config.bind_timeout),
+    )?;
+    let owned = crate::discover::follow::Owned {
+        node: config.node_upstreams.is_empty(),
+        cluster: config.cluster_upstreams.is_empty(),
+    };
+    drop_privileges(config, owned);
+    Ok(Prepared {
+        node,
+        cluster,
+        metrics,
+        owned,
+    })
+}
+
+/// Everything that needed privilege is done (ports bound, link set up): keep only what discovery
+/// still needs to read kube-proxy's rules, or nothing at all.
+fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
+    if !nix::unistd::geteuid().is_root() {
+        tracing::debug!("not root: no capabilities to drop");
+        return;
+    }
+    let reads_rules = owned.cluster
+        && config
+            .discovery
+            .sources
+            .iter()
+            .any(|s| matches!(s, Source::Iptables | Source::Nftables | Source::Ipvs));
+    // iptables, nft and ipvsadm talk netlink/netfilter (CAP_NET_ADMIN); iptables-legacy also opens
+    // a raw socket (CAP_NET_RAW).
+    let keep: Vec<u32> = if reads_rules {
+        vec![privilege::CAP_NET_ADMIN, privilege::CAP_NET_RAW]
+    } else {
+        Vec::new()
+    };
+    match privilege::keep_only(&keep) {
+        Ok(()) => tracing::info!(kept = ?privilege::names(&keep), "dropped every other capability"),
+        Err(e) => tracing::warn!("{e}; running with the capabilities it was started with"),
+    }
+}
+
+/// Makes sure link `localdns` exists, is up and carries the listener addresses. Loopback and
+/// wildcard listen addresses (tests, odd setups) are not put on the link.
+fn set_up_link(config: &Config) -> Result<(), String> {
+    let addrs: Vec<IpAddr> = [config.node_listen.ip(), config.cluster_listen.ip()]
+        .into_iter()
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+        .collect();
+    let outcome = link::ensure(link::LINK_NAME, &addrs)?;
+    tracing::info!(
+        link = link::LINK_NAME,
+        created = outcome.created.unwrap_or("no, it was there"),
+        added = ?outcome.added,
+        already_there = ?outcome.present,
+        "listener addresses in place"
+    );
+    Ok(())
+}

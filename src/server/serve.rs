@@ -1,0 +1,351 @@
+//! Serving: the relay threads of both listeners, their TCP tasks, discovery, the status line,
+//! metrics and the watchdog; on the stop signal the listeners close first, then work in flight
+//! gets a moment to finish.
+
+use std::future::Future;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::prepare::Prepared;
+use crate::cache::Cache;
+use crate::cli::Config;
+use crate::discover::follow::{self, Owned};
+use crate::engine::{self, Engine};
+use crate::mailbox::Mailbox;
+use crate::relay::{self, Relay, Stop};
+use crate::roles::{ListenerRole, UpstreamGroup};
+use crate::stats::{Counters, Totals};
+use crate::systemd::{self, Heartbeats, Notifier};
+use crate::tcp::{self, ClientSide, UpstreamSide};
+use crate::upstream::{UpstreamSet, UpstreamSets};
+use crate::{listen, metrics};
+
+/// How long queries already read may take to finish after the listeners close (TCP clients in
+/// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
+const DRAIN: Duration = Duration::from_secs(1);
+/// How long the first look for upstreams may hold back serving. Queries meanwhile wait in the
+/// bound sockets' buffers; a slower look finishes in the background while we serve.
+const FIRST_LOOK: Duration = Duration::from_secs(3);
+/// Upstream TCP exchanges in flight in the whole process. Each holds a descriptor; with both
+/// listeners' client connections (2 x `--max-tcp-connections`, 512 by default) and the UDP
+/// sockets this stays well under systemd's default soft limit of 1,024 descriptors.
+const MAX_TCP_EXCHANGES: usize = 256;
+/// How often a summary line is logged (and systemd's STATUS= refreshed) while serving.
+const SUMMARY_EVERY: Duration = Duration::from_secs(60);
+
+pub async fn serve(
+    config: Config,
+    prepared: Prepared,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), String> {
+    let config = Arc::new(config);
+    let counters = Counters::new();
+    let Prepared {
+        node,
+        cluster,
+        metrics: metrics_listener,
+        owned,
+    } = prepared;
+    let sets = Arc::new(UpstreamSets {
+        vnet_dns: Arc::new(UpstreamSet::counted(
+            config.node_upstreams.clone(),
+            UpstreamGroup::VnetDns,
+            &counters,
+        )),
+        kube_dns: Arc::new(UpstreamSet::counted(
+            config.cluster_upstreams.clone(),
+            UpstreamGroup::KubeDns,
+            &counters,
+        )),
+    });
+    for (group, given) in [
+        (UpstreamGroup::VnetDns, &config.node_upstreams),
+        (UpstreamGroup::KubeDns, &config.cluster_upstreams),
+    ] {
+        if !given.is_empty() {
+            counters.upstreams_changed(group, "flag");
+        }
+    }
+    // Discovery publishes new upstream sets here; relay threads pick them up between datagrams.
+    let (publish, sets_rx) = watch::channel(sets);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let relay_stop = Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
+    let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
+    let notifier = Arc::new(Notifier::from_env());
+
+    let mut tasks = Vec::new();
+    let mut _publish_kept = None;
+    if owned.node || owned.cluster {
+        let (first_tx, first_rx) = oneshot::channel();
+        let listeners = vec![config.node_listen.ip(), config.cluster_listen.ip()];
+        tasks.push(tokio::spawn(follow::follow(
+            config.discovery.clone(),
+            owned,
+            listeners,
+            publish,
+            counters.clone(),
+            first_tx,
+            stop_rx.clone(),
+        )));
+        if tokio::time::timeout(FIRST_LOOK, first_rx).await.is_err() {
+            tracing::warn!(
+                "the first look for upstreams takes over {FIRST_LOOK:?}; serving meanwhile"
+            );
+        }
+    } else {
+        // Nothing to discover; the sender stays alive so receivers never see a closed channel.
+        _publish_kept = Some(publish);
+    }
+    let sets = sets_rx.borrow().clone();
+    let threads = config.udp_threads;
+    let heartbeats = Heartbeats::new(2 * threads);
+    // One cache for both listeners: the key holds the upstream group, so kube-dns and VNet DNS
+    // answers never mix, while a cluster name asked on either listener shares one entry.
+    let cache = Cache::new(config.cache).map(|c| Arc::new(Mutex::new(c)));
+    let upstream_tcp = Arc::new(UpstreamSide::new(
+        tokio::runtime::Handle::current(),
+        MAX_TCP_EXCHANGES,
+        config.upstream_timeout,
+    ));
+    let mut relay_threads = Vec::new();
+
+    for (index, (role, bound)) in [(ListenerRole::Node, node), (ListenerRole::Cluster, cluster)]
+        .into_iter()
+        .enumerate()
+    {
+        log_listener(role, bound.addr, &sets, &config, &bound.udp);
+        // Each thread has its own engine, upstream sockets, pending queries and timers; they
+        // share the listener socket itself, and epoll wakes one of them per datagram.
+        let mut mailboxes = Vec::new();
+        for t in 0..threads {
+            let udp = bound
+                .udp
+                .try_clone()
+                .map_err(|e| format!("cannot share the UDP socket of {}: {e}", bound.addr))?;
+            let (v4, v6) = upstream_pool(&config, &sets, role, owned);
+            let settings = engine::Settings {
+                cluster_domain: config.cluster_domain_wire.clone(),
+                upstream_timeout: config.upstream_timeout,
+                query_timeout: config.query_timeout,
+                max_inflight: config.max_inflight,
+                udp_sockets_v4: v4.len(),
+                udp_sockets_v6: v6.len(),
+            };
+            let stats = counters.listener(role).clone();
+            let engine = Engine::new(
+                role,
+                settings,
+                sets.clone(),
+                cache.clone(),
+                stats.clone(),
+                rand::random(),
+            );
+            let mailbox = Mailbox::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
+            mailboxes.push(mailbox.clone());
+            let relay = Relay {
+                engine,
+                listener: udp,
+                pool: v4.into_iter().chain(v6).collect(),
+                mailbox,
+                tcp: upstream_tcp.clone(),
+                upstreams: sets_rx.clone(),
+                stats,
+                stop: relay_stop.clone(),
+                heartbeat: (heartbeats.clone(), index * threads + t),
+                drain: DRAIN,
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("relay-{}-{t}", role.name()))
+                .spawn(move || relay::run(relay))
+                .map_err(|e| format!("cannot start a relay thread: {e}"))?;
+            relay_threads.push(thread);
+        }
+        drop(bound.udp);
+        let side = Arc::new(ClientSide::new(
+            role,
+            mailboxes,
+            config.max_tcp_connections,
+            config.tcp_idle_timeout,
+            config.query_timeout,
+        ));
+        tasks.push(tokio::spawn(tcp::serve(
+            bound.tcp,
+            side,
+            stop_rx.clone(),
+            drain_tx.clone(),
+        )));
+    }
+    tracing::info!("ready");
+    notifier.notify("READY=1");
+    let status = tokio::spawn(report_status(
+        notifier.clone(),
+        config.clone(),
+        sets_rx.clone(),
+        counters.clone(),
+    ));
+    let metrics_server = metrics_listener.map(|listener| {
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
+        tokio::spawn(metrics::serve(
+            listener,
+            counters.clone(),
+            sets_rx.clone(),
+            cache.clone(),
+        ))
+    });
+    let watchdog = Notifier::watchdog_timeout().map(|timeout| {
+        tracing::info!(?timeout, "feeding the systemd watchdog");
+        tokio::spawn(systemd::watchdog(
+            notifier.clone(),
+            heartbeats.clone(),
+            timeout,
+        ))
+    });
+
+    shutdown.await;
+    notifier.notify("STOPPING=1");
+    tracing::info!("stopping: closing listeners");
+    status.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    let _ = stop_tx.send(true);
+    relay_stop.stop();
+    for task in tasks {
+        let _ = task.await;
+    }
+    tracing::info!("listeners closed; draining queries in flight");
+    drop(drain_tx);
+    let drained = tokio::time::timeout(DRAIN, drain_rx.recv()).await.is_ok();
+    for thread in relay_threads {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    tracing::info!(drained, "stopped");
+    Ok(())
+}
+
+/// Keeps systemd's STATUS= line current (what is served, by whom, how it went in the last
+/// minute), so `systemctl status` tells at a glance, and logs the same summary every minute.
+async fn report_status(
+    notifier: Arc<Notifier>,
+    config: Arc<Config>,
+    mut sets: watch::Receiver<Arc<UpstreamSets>>,
+    counters: Arc<Counters>,
+) {
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + SUMMARY_EVERY, SUMMARY_EVERY);
+    let mut last = counters.totals();
+    let mut minute = Totals::default();
+    loop {
+        let (vnet_dns, kube_dns) = {
+            let s = sets.borrow_and_update();
+            (list(&s.vnet_dns), list(&s.kube_dns))
+        };
+        notifier.notify(&format!(
+            "STATUS=serving {} and {}; last minute: {} answers, {} SERVFAIL, {} stale, {} shed; VNet DNS: {vnet_dns}; kube-dns: {kube_dns}",
+            config.node_listen,
+            config.cluster_listen,
+            minute.answers,
+            minute.servfail,
+            minute.stale,
+            minute.shed
+        ));
+        tokio::select! {
+            _ = ticker.tick() => {
+                let now = counters.totals();
+                minute = now.since(last);
+                last = now;
+                tracing::info!(
+                    answers = minute.answers,
+                    servfail = minute.servfail,
+                    stale = minute.stale,
+                    shed = minute.shed,
+                    vnet_dns,
+                    kube_dns,
+                    "serving; the last minute"
+                );
+            }
+            changed = sets.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+fn list(u: &UpstreamSet) -> String {
+    if u.is_empty() {
+        return "none".to_string();
+    }
+    u.addrs()
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The upstream sockets of one relay thread: `--upstream-sockets` per address family that its
+/// groups may use. An IPv6 pool that cannot be created (IPv6 disabled on the node) is logged
+/// and left empty.
+fn upstream_pool(
+    config: &Config,
+    sets: &UpstreamSets,
+    role: ListenerRole,
+    owned: Owned,
+) -> (Vec<UdpSocket>, Vec<UdpSocket>) {
+    let mut addrs: Vec<SocketAddr> = sets.kube_dns.addrs().to_vec();
+    if role == ListenerRole::Node {
+        addrs.extend_from_slice(sets.vnet_dns.addrs());
+    }
+    let make = |ipv6: bool| -> Vec<UdpSocket> {
+        (0..config.upstream_sockets)
+            .map_while(|_| match listen::upstream_socket(ipv6) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(ipv6, error = %e, "cannot open an upstream socket");
+                    None
+                }
+            })
+            .collect()
+    };
+    let v4 = make(false);
+    // Discovered upstreams may turn out to be IPv6 later, so discovery always gets an IPv6 pool.
+    let v6 = if owned.node || owned.cluster || addrs.iter().any(SocketAddr::is_ipv6) {
+        make(true)
+    } else {
+        Vec::new()
+    };
+    (v4, v6)
+}
+
+fn log_listener(
+    role: ListenerRole,
+    addr: SocketAddr,
+    sets: &UpstreamSets,
+    config: &Config,
+    udp: &UdpSocket,
+) {
+    let (recv_buffer, send_buffer) = listen::buffers(udp);
+    match role {
+        ListenerRole::Node => tracing::info!(
+            listener = role.name(),
+            %addr,
+            vnet_dns = ?sets.vnet_dns.addrs(),
+            kube_dns = ?sets.kube_dns.addrs(),
+            cluster_domain = %config.cluster_domain,
+            recv_buffer,
+            send_buffer,
+            "serving UDP and TCP: the cluster domain goes to kube-dns, all else to the VNet DNS"
+        ),
+        ListenerRole::Cluster => tracing::info!(
+            listener = role.name(),
+            %addr,
+            kube_dns = ?sets.kube_dns.addrs(),
+            recv_buffer,
+            send_buffer,
+            "serving UDP and TCP: every name goes to kube-dns"
+        ),
+    }
+}

@@ -1,0 +1,187 @@
+//! Plain counters: what the serving loops and discovery count, read at scrape time by
+//! [`crate::metrics`] and by the minute summary. Relaxed atomics only, so counting never waits;
+//! each listener has its own block so the two relay threads never write to the same cache line.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use crate::roles::{ListenerRole, Transport, UpstreamGroup};
+
+/// Upper bounds of the upstream latency histogram, in seconds: LAN answers take well under a
+/// millisecond, a VNet DNS recursing a few tens, and the per-try budget ends at 1 s.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+/// RCODEs counted by name; the rest are counted as `other`.
+pub const RCODES: [&str; 7] = [
+    "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "other",
+];
+
+/// A latency histogram with fixed buckets (not cumulative; rendering adds them up).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    pub buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    pub count: AtomicU64,
+    pub sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
+            self.buckets[i].fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+}
+
+/// What one upstream server has seen; kept across upstream-set changes so counters only grow.
+#[derive(Debug, Default)]
+pub struct UpstreamStats {
+    /// Tries sent to it, over either transport.
+    pub queries: AtomicU64,
+    /// Tries that timed out, could not be sent or were refused by the network.
+    pub failures: AtomicU64,
+    /// Time from sending a try to its accepted reply.
+    pub latency: Histogram,
+}
+
+/// One listener's counters.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct ListenerStats {
+    /// Replies sent, by transport and RCODE (index into [`RCODES`]).
+    pub responses: [[AtomicU64; RCODES.len()]; 2],
+    /// Client packets dropped unanswered (too short, or response-shaped).
+    pub dropped: AtomicU64,
+    /// Queries refused because too many were in flight.
+    pub shed: AtomicU64,
+    /// Queries waiting for an upstream (a gauge; relay threads add their changes).
+    pub inflight: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    /// Answers served from expired cache entries because upstreams failed.
+    pub stale: AtomicU64,
+}
+
+impl ListenerStats {
+    /// A reply went to a client; its RCODE is read off the bytes.
+    pub fn response(&self, transport: Transport, reply: &[u8]) {
+        let code = reply.get(3).map_or(RCODES.len() - 1, |b| {
+            usize::from(b & 0x0f).min(RCODES.len() - 1)
+        });
+        self.responses[transport as usize][code].fetch_add(1, Relaxed);
+    }
+
+    pub fn add_inflight(&self, delta: i64) {
+        if delta >= 0 {
+            self.inflight.fetch_add(delta as u64, Relaxed);
+        } else {
+            self.inflight.fetch_sub(delta.unsigned_abs(), Relaxed);
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.responses
+            .iter()
+            .flatten()
+            .map(|c| c.load(Relaxed))
+            .sum()
+    }
+
+    pub fn servfails(&self) -> u64 {
+        self.responses.iter().map(|r| r[2].load(Relaxed)).sum()
+    }
+}
+
+/// Every counter of the process.
+#[derive(Debug)]
+pub struct Counters {
+    pub started: SystemTime,
+    listeners: [Arc<ListenerStats>; 2],
+    upstreams: Mutex<BTreeMap<(UpstreamGroup, SocketAddr), Arc<UpstreamStats>>>,
+    /// Per group: where its upstreams came from, and how often the set changed.
+    sources: Mutex<[String; 2]>,
+    changes: [AtomicU64; 2],
+}
+
+/// Totals for the minute summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub answers: u64,
+    pub servfail: u64,
+    pub stale: u64,
+    pub shed: u64,
+}
+
+impl Totals {
+    pub fn since(self, earlier: Totals) -> Totals {
+        Totals {
+            answers: self.answers - earlier.answers,
+            servfail: self.servfail - earlier.servfail,
+            stale: self.stale - earlier.stale,
+            shed: self.shed - earlier.shed,
+        }
+    }
+}
+
+impl Counters {
+    pub fn new() -> Arc<Counters> {
+        Arc::new(Counters {
+            started: SystemTime::now(),
+            listeners: Default::default(),
+            upstreams: Mutex::new(BTreeMap::new()),
+            sources: Mutex::new([String::from("none"), String::from("none")]),
+            changes: Default::default(),
+        })
+    }
+
+    pub fn listener(&self, role: ListenerRole) -> &Arc<ListenerStats> {
+        &self.listeners[role.index()]
+    }
+
+    /// The counters of one upstream server, created on first use and kept for good.
+    pub fn upstream(&self, group: UpstreamGroup, addr: SocketAddr) -> Arc<UpstreamStats> {
+        let mut map = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry((group, addr)).or_default().clone()
+    }
+
+    /// Every upstream ever counted, in a stable order.
+    pub fn upstreams(&self) -> Vec<((UpstreamGroup, SocketAddr), Arc<UpstreamStats>)> {
+        let map = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
+        map.iter().map(|(k, v)| (*k, v.clone())).collect()
+    }
+
+    /// A group got a new set of upstreams from `source`.
+    pub fn upstreams_changed(&self, group: UpstreamGroup, source: &str) {
+        self.changes[group.index()].fetch_add(1, Relaxed);
+        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group.index()] = source.to_string();
+    }
+
+    pub fn source(&self, group: UpstreamGroup) -> String {
+        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group.index()].clone()
+    }
+
+    pub fn set_changes(&self, group: UpstreamGroup) -> u64 {
+        self.changes[group.index()].load(Relaxed)
+    }
+
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for l in &self.listeners {
+            t.answers += l.total();
+            t.servfail += l.servfails();
+            t.stale += l.stale.load(Relaxed);
+            t.shed += l.shed.load(Relaxed);
+        }
+        t
+    }
+}
