@@ -198,17 +198,20 @@ fn any_addr_for(to: SocketAddr) -> SocketAddr {
 /// so the kernel drops datagrams from anyone else). None on timeout or if the
 /// port is unreachable.
 pub fn udp_exchange(ns: &Netns, to: SocketAddr, bytes: &[u8], wait: Duration) -> Option<Vec<u8>> {
-    ns.enter(|| {
-        let sock = UdpSocket::bind(any_addr_for(to)).expect("bind UDP client socket");
-        sock.connect(to).ok()?;
-        sock.send(bytes).ok()?;
-        sock.set_read_timeout(Some(wait.max(Duration::from_millis(1))))
-            .expect("set_read_timeout");
-        let mut buf = vec![0u8; 65536];
-        let n = sock.recv(&mut buf).ok()?;
-        buf.truncate(n);
-        Some(buf)
-    })
+    ns.enter(|| udp_exchange_here(to, bytes, wait))
+}
+
+/// [`udp_exchange`] from the namespace the test runs in (loopback tests).
+pub fn udp_exchange_here(to: SocketAddr, bytes: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    let sock = UdpSocket::bind(any_addr_for(to)).expect("bind UDP client socket");
+    sock.connect(to).ok()?;
+    sock.send(bytes).ok()?;
+    sock.set_read_timeout(Some(wait.max(Duration::from_millis(1))))
+        .expect("set_read_timeout");
+    let mut buf = vec![0u8; 65536];
+    let n = sock.recv(&mut buf).ok()?;
+    buf.truncate(n);
+    Some(buf)
 }
 
 /// Sends `bytes` to `to` from a fresh UDP socket in `ns`, waiting for nothing.
@@ -230,48 +233,50 @@ pub fn tcp_exchange(
     frames: &[Vec<u8>],
     wait: Duration,
 ) -> Vec<Vec<u8>> {
-    ns.enter(|| {
-        let deadline = Instant::now() + wait;
-        let Ok(mut stream) = TcpStream::connect_timeout(&to, wait.max(Duration::from_millis(1)))
-        else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for f in frames {
-            let len = u16::try_from(f.len()).expect("DNS message over 65535 bytes");
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(f);
+    ns.enter(|| tcp_exchange_here(to, frames, wait))
+}
+
+/// [`tcp_exchange`] from the namespace the test runs in (loopback tests).
+pub fn tcp_exchange_here(to: SocketAddr, frames: &[Vec<u8>], wait: Duration) -> Vec<Vec<u8>> {
+    let deadline = Instant::now() + wait;
+    let Ok(mut stream) = TcpStream::connect_timeout(&to, wait.max(Duration::from_millis(1))) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for f in frames {
+        let len = u16::try_from(f.len()).expect("DNS message over 65535 bytes");
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(f);
+    }
+    if stream.write_all(&out).is_err() {
+        return Vec::new();
+    }
+    let mut replies = Vec::new();
+    let mut pending = Vec::new();
+    let mut chunk = vec![0u8; 65536];
+    while replies.len() < frames.len() {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
         }
-        if stream.write_all(&out).is_err() {
-            return Vec::new();
+        if stream.set_read_timeout(Some(deadline - now)).is_err() {
+            break;
         }
-        let mut replies = Vec::new();
-        let mut pending = Vec::new();
-        let mut chunk = vec![0u8; 65536];
-        while replies.len() < frames.len() {
-            let now = Instant::now();
-            if now >= deadline {
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+            Err(_) => break,
+        }
+        while pending.len() >= 2 {
+            let len = usize::from(u16::from_be_bytes([pending[0], pending[1]]));
+            if pending.len() < 2 + len {
                 break;
             }
-            if stream.set_read_timeout(Some(deadline - now)).is_err() {
-                break;
-            }
-            match stream.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => pending.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
-                Err(_) => break,
-            }
-            while pending.len() >= 2 {
-                let len = usize::from(u16::from_be_bytes([pending[0], pending[1]]));
-                if pending.len() < 2 + len {
-                    break;
-                }
-                replies.push(pending.drain(..2 + len).skip(2).collect());
-            }
+            replies.push(pending.drain(..2 + len).skip(2).collect());
         }
-        replies
-    })
+    }
+    replies
 }
 
 /// Encodes a recursive query for `name`/`rtype` with `id`; with

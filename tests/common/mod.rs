@@ -13,6 +13,7 @@
 pub mod client;
 pub mod forwarder;
 pub mod hostile;
+pub mod loopback;
 pub mod netns;
 pub mod node;
 pub mod responder;

@@ -94,6 +94,40 @@ pub struct Responder {
     workers: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
+/// Binds the responder's sockets where the caller runs (`where_` names it for errors).
+fn bind(
+    addr: SocketAddr,
+    mode: &Mode,
+    where_: &str,
+) -> (UdpSocket, TcpListener, Option<SpoofSockets>) {
+    let udp = UdpSocket::bind(addr)
+        .unwrap_or_else(|e| panic!("responder: cannot bind UDP {addr} in {where_}: {e}"));
+    let addr = udp.local_addr().expect("local_addr of a bound socket");
+    let tcp = TcpListener::bind(addr)
+        .unwrap_or_else(|e| panic!("responder: cannot bind TCP {addr} in {where_}: {e}"));
+    let spoof = match &mode {
+        Mode::Spoof { alt_src, .. } => {
+            let other_port = UdpSocket::bind(SocketAddr::new(addr.ip(), 0))
+                .unwrap_or_else(|e| panic!("responder: cannot bind spoof socket: {e}"));
+            let other_ip = alt_src.map(|ip| {
+                UdpSocket::bind(SocketAddr::new(ip, addr.port())).unwrap_or_else(|e| {
+                    panic!(
+                        "responder: cannot bind spoof source {ip}:{} in {}: {e}",
+                        addr.port(),
+                        where_
+                    )
+                })
+            });
+            Some(SpoofSockets {
+                other_port,
+                other_ip,
+            })
+        }
+        _ => None,
+    };
+    (udp, tcp, spoof)
+}
+
 /// Sockets a spoofing responder forges from.
 struct SpoofSockets {
     other_port: UdpSocket,
@@ -106,36 +140,25 @@ impl Responder {
     ///
     /// [`addr`]: Responder::addr
     pub fn start(ns: &Netns, addr: SocketAddr, mode: Mode) -> Responder {
-        let (udp, tcp, spoof) = ns.enter(|| {
-            let udp = UdpSocket::bind(addr).unwrap_or_else(|e| {
-                panic!("responder: cannot bind UDP {addr} in {}: {e}", ns.name)
-            });
-            let addr = udp.local_addr().expect("local_addr of a bound socket");
-            let tcp = TcpListener::bind(addr).unwrap_or_else(|e| {
-                panic!("responder: cannot bind TCP {addr} in {}: {e}", ns.name)
-            });
-            let spoof = match &mode {
-                Mode::Spoof { alt_src, .. } => {
-                    let other_port = UdpSocket::bind(SocketAddr::new(addr.ip(), 0))
-                        .unwrap_or_else(|e| panic!("responder: cannot bind spoof socket: {e}"));
-                    let other_ip = alt_src.map(|ip| {
-                        UdpSocket::bind(SocketAddr::new(ip, addr.port())).unwrap_or_else(|e| {
-                            panic!(
-                                "responder: cannot bind spoof source {ip}:{} in {}: {e}",
-                                addr.port(),
-                                ns.name
-                            )
-                        })
-                    });
-                    Some(SpoofSockets {
-                        other_port,
-                        other_ip,
-                    })
-                }
-                _ => None,
-            };
-            (udp, tcp, spoof)
-        });
+        let where_ = ns.name.clone();
+        let (udp, tcp, spoof) = ns.enter(|| bind(addr, &mode, &where_));
+        Responder::serve(udp, tcp, spoof, mode)
+    }
+
+    /// Starts serving on 127.0.0.1, on a port the kernel picks (UDP and TCP alike), in the
+    /// namespace the test runs in: for the tests that need neither root nor namespaces.
+    pub fn on_loopback(mode: Mode) -> Responder {
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("literal");
+        let (udp, tcp, spoof) = bind(any, &mode, "the test's own namespace");
+        Responder::serve(udp, tcp, spoof, mode)
+    }
+
+    fn serve(
+        udp: UdpSocket,
+        tcp: TcpListener,
+        spoof: Option<SpoofSockets>,
+        mode: Mode,
+    ) -> Responder {
         let addr = udp.local_addr().expect("local_addr of a bound socket");
 
         // Timeouts and non-blocking accept let every loop notice `stop`.
