@@ -80,3 +80,36 @@ fn help_lists_every_flag_and_version_prints() {
         format!("localdns-fallback {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// The README is where a node engineer looks a flag up: every flag `--help` lists must be in its
+/// flag table, so a new flag cannot ship undocumented.
+#[test]
+fn every_flag_in_help_is_in_the_readme_flag_table() {
+    let (code, help, _) = run(&["--help"]);
+    assert_eq!(code, 0);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let table: String = readme
+        .split("## Flags")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("a ## Flags section")
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let flags: Vec<&str> = help
+        .split_whitespace()
+        .map(|w| w.trim_end_matches([',', ']', ')', '.']))
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .collect();
+    assert!(flags.len() > 20, "flags read off --help: {flags:?}");
+    let missing: Vec<&&str> = flags
+        .iter()
+        .filter(|f| !table.contains(&format!("`{f}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "flags missing from README's flag table: {missing:?}"
+    );
+}
