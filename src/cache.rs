@@ -64,18 +64,20 @@ pub struct Key {
 }
 
 impl Key {
-    pub fn new(group: UpstreamGroup, query: &[u8], q: &wire::Query) -> Key {
+    /// The key of a query's answer; `None` for a query whose answer must not come from or go to
+    /// the cache.
+    pub fn new(group: UpstreamGroup, query: &[u8], q: &wire::Query) -> Option<Key> {
         let name: Box<[u8]> = q.name(query).iter().map(u8::to_ascii_lowercase).collect();
         let flags = u8::from(q.edns)
             | (u8::from(q.dnssec_ok) << 1)
             | (u8::from(wire::checking_disabled(query)) << 2);
-        Key {
+        Some(Key {
             group,
             name,
             qtype: q.qtype,
             qclass: q.qclass,
             flags,
-        }
+        })
     }
 
     fn size(&self) -> usize {
@@ -322,7 +324,7 @@ mod tests {
     }
 
     fn key(q: &[u8]) -> Key {
-        Key::new(UpstreamGroup::KubeDns, q, &wire::parse_query(q).unwrap())
+        Key::new(UpstreamGroup::KubeDns, q, &wire::parse_query(q).unwrap()).unwrap()
     }
 
     fn cache() -> Cache {
@@ -340,7 +342,7 @@ mod tests {
         let q = query(1, "www.example.com", A, false);
         assert_ne!(
             k,
-            Key::new(UpstreamGroup::VnetDns, &q, &wire::parse_query(&q).unwrap()),
+            Key::new(UpstreamGroup::VnetDns, &q, &wire::parse_query(&q).unwrap()).unwrap(),
             "group"
         );
         let mut cd = q.clone();

@@ -10,6 +10,7 @@
 //! - [`stats`]: plain counters the serving loops bump and `/metrics` reads.
 //! - [`upstream`]: the upstream sets of both groups and their passive health.
 //! - [`cache`]: the answer cache with serve-stale.
+//! - [`answer`]: each asker's own answer made from a shared reply, and the query sent upstream.
 //! - [`engine`]: every decision about a query, for UDP and TCP alike: local answers, routing,
 //!   cache, coalescing, tries and deadlines, shedding, health. Inputs in, transmits and events out.
 //!
@@ -33,6 +34,7 @@
 //! binary on loopback without root; the other integration tests in `tests/` run it in network
 //! namespaces against real DNS servers and real clients, and under a real systemd.
 
+pub mod answer;
 pub mod cache;
 pub mod cli;
 pub mod discover;

@@ -28,6 +28,7 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::answer;
 use crate::cache::{Cache, Key};
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 use crate::stats::ListenerStats;
@@ -234,7 +235,10 @@ impl Engine {
             q,
         };
         let transport = client.transport();
-        let key = self.cache.as_ref().map(|_| Key::new(group, packet, &q));
+        let key = self
+            .cache
+            .as_ref()
+            .and_then(|_| Key::new(group, packet, &q));
         if let (Some(cache), Some(key)) = (&self.cache, &key) {
             if lock(cache).get_fresh(key, now, &mut self.answer) {
                 self.stats.cache_hits.fetch_add(1, RELAXED);
@@ -487,8 +491,7 @@ impl Engine {
             }));
             set.note_sent(upstream);
             self.outbox.push_with(Dest::Upstream(leg), |out| {
-                out.extend_from_slice(&p.asker.query);
-                wire::set_id(out, leg.id);
+                answer::upstream_query(&p.asker.query, &p.asker.q, leg.id, out);
             });
             return;
         }
@@ -539,14 +542,9 @@ impl Engine {
 /// Queues `reply` for `asker` as an answer to its own query: its ID, its spelling of the
 /// question, and cut to a TC reply if larger than it can take.
 fn deliver(outbox: &mut Outbox, scratch: &mut Vec<u8>, reply: &[u8], asker: &Asker) {
-    let question = asker.q.question(&asker.query);
+    let limit = asker.limit();
     outbox.push_with(Dest::Client(asker.client), |out| {
-        out.extend_from_slice(reply);
-        wire::restore_for_client(out, asker.q.id, question);
-        if out.len() > asker.limit() {
-            std::mem::swap(out, scratch);
-            wire::truncate_reply(scratch, question.len(), asker.q.edns, out);
-        }
+        answer::for_asker(reply, &asker.query, &asker.q, limit, out, scratch);
     });
 }
 
