@@ -48,7 +48,7 @@ FLAGS:
     --serve-stale DUR           when upstreams fail, answer from entries expired up to this long
                                 ago, with TTL 30; 0 turns it off [default: 1h]
     --udp-threads N             relay threads per listener [default: 1]
-    --upstream-sockets N        UDP sockets (random source ports) per listener and family [default: 8]
+    --upstream-sockets N        UDP sockets (random source ports) per upstream and relay thread [default: 8]
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
     --allow-wildcard            allow a wildcard listen address (0.0.0.0, ::): off, because it would
                                 answer on every interface of the node
@@ -260,6 +260,16 @@ fn check(c: &Config) -> Result<(), String> {
         return Err(format!(
             "--upstream-timeout {:?} is longer than --query-timeout {:?}",
             c.upstream_timeout, c.query_timeout
+        ));
+    }
+    // Each try takes a query ID on one of an upstream's sockets, and one upstream may get every
+    // try: with too few sockets for the in-flight cap, finding a free ID would take ever more
+    // draws. Keep the IDs at most a quarter used (4 tries per query, 65,536 IDs per socket).
+    if c.max_inflight * 4 * 4 > c.upstream_sockets * 65_536 {
+        return Err(format!(
+            "--max-inflight {} needs at least {} --upstream-sockets (query IDs per upstream would run short)",
+            c.max_inflight,
+            (c.max_inflight * 16).div_ceil(65_536)
         ));
     }
     if c.cache.min_ttl > c.cache.max_ttl {

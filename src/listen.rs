@@ -127,3 +127,22 @@ pub fn buffers(socket: &std::net::UdpSocket) -> (usize, usize) {
         s.send_buffer_size().unwrap_or(0),
     )
 }
+
+/// A UDP socket connected to one upstream, on a port picked at random by the kernel. Connected,
+/// the kernel routes each send without a lookup, drops datagrams from anyone else before we see
+/// them, and reports the upstream's ICMP errors (port unreachable) as errors on the socket.
+pub fn connected_upstream_socket(to: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let any: SocketAddr = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
+        .parse()
+        .expect("literal");
+    let socket = Socket::new(Domain::for_address(to), Type::DGRAM, Some(Protocol::UDP))?;
+    if to.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+    let _ = socket.set_send_buffer_size(SEND_BUFFER);
+    socket.bind(&any.into())?;
+    socket.connect(&to.into())?;
+    Ok(socket.into())
+}

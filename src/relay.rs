@@ -1,6 +1,7 @@
 //! A relay thread: the IO shell around one [`Engine`]. It owns one listener's UDP socket (shared
-//! with the listener's other relay threads, if any), its own upstream UDP sockets, and the mailbox
-//! through which the TCP tasks hand it client queries and upstream replies.
+//! with the listener's other relay threads, if any), its own UDP sockets connected to each
+//! upstream (several per upstream, each on a random source port), and the mailbox through which
+//! the TCP tasks hand it client queries and upstream replies.
 //!
 //! A datagram is read, decided on and sent by this one thread, with no channel or task in
 //! between: per-packet hand-offs between threads were measured as the real cost of a relay. The
@@ -20,6 +21,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::{mpsc, watch};
 
 use crate::engine::{Client, ConnId, Dest, Engine, Event, Failure, Leg, Outcome, Via};
+use crate::listen;
 use crate::mailbox::{Letter, Mailbox};
 use crate::roles::Transport;
 use crate::stats::ListenerStats;
@@ -63,8 +65,8 @@ impl Stop {
 pub struct Relay {
     pub engine: Engine,
     pub listener: UdpSocket,
-    /// Upstream UDP sockets: IPv4 first, then IPv6, as the engine's settings count them.
-    pub pool: Vec<UdpSocket>,
+    /// Connected UDP sockets kept per upstream (the engine's `udp_sockets_per_upstream`).
+    pub sockets_per_upstream: usize,
     pub mailbox: Arc<Mailbox>,
     pub tcp: Arc<UpstreamSide>,
     pub upstreams: watch::Receiver<Arc<UpstreamSets>>,
@@ -75,10 +77,23 @@ pub struct Relay {
     pub drain: Duration,
 }
 
+/// A UDP socket connected to one upstream.
+struct UpstreamSocket {
+    socket: UdpSocket,
+    to: SocketAddr,
+    /// Its number among the sockets of that upstream: the engine's `Via::Udp { socket }`.
+    slot: usize,
+}
+
 /// The state of a running relay thread besides the engine.
 struct Shell {
+    epoll: Epoll,
     listener: Option<UdpSocket>,
-    pool: Vec<UdpSocket>,
+    /// Indexed by epoll token minus `FIRST_UPSTREAM`; `None` for sockets closed since.
+    sockets: Vec<Option<UpstreamSocket>>,
+    /// Each upstream's sockets, by slot (indices into `sockets`); empty when none could be made.
+    by_upstream: HashMap<SocketAddr, Vec<usize>>,
+    sockets_per_upstream: usize,
     mailbox: Arc<Mailbox>,
     tcp: Arc<UpstreamSide>,
     stats: Arc<ListenerStats>,
@@ -92,7 +107,7 @@ pub fn run(relay: Relay) {
     let Relay {
         mut engine,
         listener,
-        pool,
+        sockets_per_upstream,
         mailbox,
         tcp,
         mut upstreams,
@@ -102,7 +117,7 @@ pub fn run(relay: Relay) {
         drain,
     } = relay;
     let role = engine.role();
-    let epoll = match register(&listener, &pool, &mailbox, &stop) {
+    let epoll = match register(&listener, &mailbox, &stop) {
         Ok(epoll) => epoll,
         Err(e) => {
             tracing::error!(error = %e, listener = role.name(), "cannot set up epoll; UDP not served");
@@ -110,8 +125,11 @@ pub fn run(relay: Relay) {
         }
     };
     let mut shell = Shell {
+        epoll,
         listener: Some(listener),
-        pool,
+        sockets: Vec::new(),
+        by_upstream: HashMap::new(),
+        sockets_per_upstream,
         mailbox,
         tcp,
         stats,
@@ -121,7 +139,8 @@ pub fn run(relay: Relay) {
     };
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut letters = Vec::new();
-    let mut events = vec![EpollEvent::empty(); shell.pool.len() + 3];
+    shell.connect_upstreams(&engine);
+    let mut events = vec![EpollEvent::empty(); 256];
     let mut wait = PollTimeout::ZERO;
     let mut stopping: Option<Instant> = None;
     // This thread's share of the listener's in-flight gauge.
@@ -130,8 +149,9 @@ pub fn run(relay: Relay) {
         heartbeats.beat(beat);
         if upstreams.has_changed().unwrap_or(false) {
             engine.set_upstreams(upstreams.borrow_and_update().clone());
+            shell.connect_upstreams(&engine);
         }
-        let ready = match epoll.wait(&mut events, wait) {
+        let ready = match shell.epoll.wait(&mut events, wait) {
             Ok(n) => n,
             Err(nix::errno::Errno::EINTR) => 0,
             Err(e) => {
@@ -144,14 +164,14 @@ pub fn run(relay: Relay) {
             match event.data() {
                 STOP_TOKEN => {
                     if let Some(l) = shell.listener.take() {
-                        let _ = epoll.delete(&l);
-                        let _ = epoll.delete(&stop.wake);
+                        let _ = shell.epoll.delete(&l);
+                        let _ = shell.epoll.delete(&stop.wake);
                         stopping = Some(Instant::now() + drain);
                     }
                 }
                 LISTENER_TOKEN => {
                     if let Some(l) = shell.listener.as_ref() {
-                        for_each_datagram(l, &mut buf, |packet, from| {
+                        let _ = for_each_datagram(l, &mut buf, |packet, from| {
                             engine.handle_query(Instant::now(), Client::Udp(from), packet);
                         });
                     }
@@ -165,10 +185,20 @@ pub fn run(relay: Relay) {
                     shell.flush(&mut engine);
                 }
                 token => {
-                    let socket = (token - FIRST_UPSTREAM) as usize;
-                    for_each_datagram(&shell.pool[socket], &mut buf, |packet, from| {
-                        engine.handle_reply(Instant::now(), Via::Udp { socket }, from, packet);
+                    let index = (token - FIRST_UPSTREAM) as usize;
+                    let Some(Some(up)) = shell.sockets.get(index) else {
+                        continue;
+                    };
+                    let (to, via) = (up.to, Via::Udp { socket: up.slot });
+                    let error = for_each_datagram(&up.socket, &mut buf, |packet, _| {
+                        engine.handle_reply(Instant::now(), via, to, packet);
                     });
+                    // A connected socket reports the upstream's ICMP errors here.
+                    if let Some(e) = error {
+                        if is_unreachable(&e) {
+                            engine.handle_unreachable(Instant::now(), to);
+                        }
+                    }
                     shell.flush(&mut engine);
                 }
             }
@@ -205,6 +235,67 @@ pub fn run(relay: Relay) {
 }
 
 impl Shell {
+    /// Keeps `sockets_per_upstream` connected sockets for every upstream this listener's
+    /// queries can go to, and closes those of upstreams no longer in use.
+    fn connect_upstreams(&mut self, engine: &Engine) {
+        let sets = engine.upstreams();
+        let mut wanted: Vec<SocketAddr> = sets.kube_dns.addrs().to_vec();
+        if engine.role() == crate::roles::ListenerRole::Node {
+            wanted.extend_from_slice(sets.vnet_dns.addrs());
+        }
+        let gone: Vec<SocketAddr> = self
+            .by_upstream
+            .keys()
+            .filter(|a| !wanted.contains(a))
+            .copied()
+            .collect();
+        for addr in gone {
+            for index in self.by_upstream.remove(&addr).unwrap_or_default() {
+                if let Some(up) = self.sockets[index].take() {
+                    let _ = self.epoll.delete(&up.socket);
+                }
+            }
+        }
+        for addr in wanted {
+            if self.by_upstream.contains_key(&addr) {
+                continue;
+            }
+            let mut slots = Vec::new();
+            for slot in 0..self.sockets_per_upstream {
+                let socket = match listen::connected_upstream_socket(addr) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(upstream = %addr, error = %e, "cannot open a UDP socket to this upstream");
+                        break;
+                    }
+                };
+                let index = self
+                    .sockets
+                    .iter()
+                    .position(Option::is_none)
+                    .unwrap_or(self.sockets.len());
+                let event = EpollEvent::new(EpollFlags::EPOLLIN, FIRST_UPSTREAM + index as u64);
+                if let Err(e) = self.epoll.add(&socket, event) {
+                    tracing::warn!(upstream = %addr, error = %e, "cannot watch a UDP socket to this upstream");
+                    break;
+                }
+                let up = UpstreamSocket {
+                    socket,
+                    to: addr,
+                    slot,
+                };
+                if index == self.sockets.len() {
+                    self.sockets.push(Some(up));
+                } else {
+                    self.sockets[index] = Some(up);
+                }
+                slots.push(index);
+            }
+            // Fewer sockets than slots: the engine's tries on missing slots fail as NoSocket.
+            self.by_upstream.insert(addr, slots);
+        }
+    }
+
     fn deliver_letter(&mut self, engine: &mut Engine, letter: Letter) {
         let now = Instant::now();
         match letter {
@@ -250,11 +341,19 @@ impl Shell {
                     Dest::Upstream(leg) => match leg.via {
                         // A full send queue is congestion here, not a fault of the upstream: the
                         // datagram is lost like any other and the try's timer moves the query on.
-                        Via::Udp { socket } => match self.pool[socket].send_to(t.bytes, leg.to) {
-                            Ok(_) => {}
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                            Err(e) => self.failed.push((leg, Failure::from_io(&e))),
-                        },
+                        Via::Udp { socket } => {
+                            let up = self
+                                .by_upstream
+                                .get(&leg.to)
+                                .and_then(|slots| slots.get(socket))
+                                .and_then(|&i| self.sockets[i].as_ref());
+                            match up.map(|up| up.socket.send(t.bytes)) {
+                                None => self.failed.push((leg, Failure::NoSocket)),
+                                Some(Ok(_)) => {}
+                                Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
+                                Some(Err(e)) => self.failed.push((leg, Failure::from_io(&e))),
+                            }
+                        }
                         Via::Tcp => {
                             let started =
                                 self.tcp.start(leg, t.bytes.to_vec(), self.mailbox.clone());
@@ -333,16 +432,12 @@ fn describe(failure: Failure) -> String {
         Failure::TimedOut => "timed out".into(),
         Failure::Network(kind) => format!("cannot be reached ({kind})"),
         Failure::NoSocket => "has an address family this host cannot use".into(),
+        Failure::ErrorReply(code) => format!("answered with an error (RCODE {code})"),
         Failure::Local(kind) => format!("was not tried: out of local resources ({kind})"),
     }
 }
 
-fn register(
-    listener: &UdpSocket,
-    pool: &[UdpSocket],
-    mailbox: &Mailbox,
-    stop: &Stop,
-) -> nix::Result<Epoll> {
+fn register(listener: &UdpSocket, mailbox: &Mailbox, stop: &Stop) -> nix::Result<Epoll> {
     let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
     // Several threads may wait on the one listener socket; EPOLLEXCLUSIVE wakes one per datagram
     // instead of all of them.
@@ -353,12 +448,6 @@ fn register(
             LISTENER_TOKEN,
         ),
     )?;
-    for (i, socket) in pool.iter().enumerate() {
-        epoll.add(
-            socket,
-            EpollEvent::new(EpollFlags::EPOLLIN, FIRST_UPSTREAM + i as u64),
-        )?;
-    }
     epoll.add(
         mailbox.fd(),
         EpollEvent::new(EpollFlags::EPOLLIN, MAILBOX_TOKEN),
@@ -368,20 +457,32 @@ fn register(
 }
 
 /// Reads up to `BATCH` datagrams from a readable socket, so one busy socket cannot starve the
-/// others; what is left is reported again by the next (level-triggered) wait.
+/// others; what is left is reported again by the next (level-triggered) wait. Returns the error
+/// that stopped it, if any other than "nothing left".
 fn for_each_datagram(
     socket: &UdpSocket,
     buf: &mut [u8],
     mut handle: impl FnMut(&[u8], SocketAddr),
-) {
+) -> Option<io::Error> {
     for _ in 0..BATCH {
         match socket.recv_from(buf) {
             Ok((n, from)) => handle(&buf[..n], from),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
             Err(e) => {
                 tracing::debug!(error = %e, "UDP receive error");
-                return;
+                return Some(e);
             }
         }
     }
+    None
+}
+
+/// Errors with which the kernel passes on an ICMP error for a connected socket.
+fn is_unreachable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::HostUnreachable
+            | io::ErrorKind::NetworkUnreachable
+    )
 }

@@ -1,30 +1,64 @@
 //! The upstream servers of each group and their passive health: which server a query tries next.
 //!
-//! Health is learned only from traffic and is forgiving: a server that let a try fail becomes
-//! *suspect* and is tried after the others until any well-formed reply clears it; no server is
-//! ever excluded, and when every server is suspect they are all still tried. Nothing here logs or
-//! reads a clock: callers learn of changes from the return values and report them.
+//! Health is learned only from traffic and is forgiving. Each server keeps a smoothed round-trip
+//! time and the number of tries it has outstanding. A query goes to the least busy of the servers
+//! whose RTT is within a band of the fastest, so equal servers share evenly and a much slower one
+//! gets little. A server that failed a try (timed out, unreachable, answered an error) becomes
+//! *suspect* and is tried after the others; suspect and slow servers still get a probe query every
+//! `PROBE_EVERY`, so one that answers (or speeds up) again is back in rotation within a second. No
+//! server is ever excluded, and when every server is suspect they are all still tried.
+//!
+//! Nothing here logs or reads the clock after creation: callers pass `now` and learn of changes
+//! from the return values.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use crate::roles::UpstreamGroup;
 use crate::stats::{Counters, UpstreamStats};
+
+/// How often a suspect or slow server gets one query to find out whether it recovered.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// Servers whose RTT is at most twice the fastest's plus this count as equally fast.
+const BAND_SLACK_US: u32 = 2_000;
+
+/// What the set knows about one server.
+#[derive(Debug, Default)]
+struct Health {
+    suspect: AtomicBool,
+    /// Smoothed RTT and its mean deviation (RFC 6298), in microseconds; 0 before any sample.
+    srtt_us: AtomicU32,
+    rttvar_us: AtomicU32,
+    /// Tries sent to it that have not yet ended (reply, failure or timeout).
+    outstanding: AtomicU32,
+    /// When it last got a probe, in ms since the set's epoch plus one; 0 means never.
+    probed_ms: AtomicU64,
+}
+
+/// Where a query's next try goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub addr: SocketAddr,
+    /// A probe of a suspect or slow server: the query should not wait long for it.
+    pub probe: bool,
+}
 
 /// One group of interchangeable servers, shared by every relay thread; replaced whole when
 /// discovery finds a new set.
 #[derive(Debug)]
 pub struct UpstreamSet {
     addrs: Vec<SocketAddr>,
-    suspect: Vec<AtomicBool>,
-    /// Rotates the first choice so load spreads over the kube-dns replicas.
+    health: Vec<Health>,
+    /// Breaks ties between equal servers in turn, so load spreads over the kube-dns replicas.
     cursor: AtomicUsize,
     /// Failures of any server, ever: discovery looks again early when this climbs.
     failures: AtomicU64,
     /// Per server counters for /metrics; they outlive this set (see [`Counters::upstream`]).
     stats: Vec<Arc<UpstreamStats>>,
+    /// The origin of `probed_ms`: the only clock read here, once, when the set is made.
+    epoch: Instant,
 }
 
 impl UpstreamSet {
@@ -55,13 +89,13 @@ impl UpstreamSet {
                 unique_stats.push(stat);
             }
         }
-        let n = unique.len();
         UpstreamSet {
+            health: unique.iter().map(|_| Health::default()).collect(),
             addrs: unique,
-            suspect: (0..n).map(|_| AtomicBool::new(false)).collect(),
             cursor: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
             stats: unique_stats,
+            epoch: Instant::now(),
         }
     }
 
@@ -73,33 +107,125 @@ impl UpstreamSet {
         self.addrs.is_empty()
     }
 
-    /// Where a new query starts its walk through the servers.
-    pub fn next_start(&self) -> usize {
-        self.cursor.fetch_add(1, Ordering::Relaxed)
+    pub fn contains(&self, addr: SocketAddr) -> bool {
+        self.index(addr).is_some()
     }
 
-    /// The server for a query's next try: healthy servers first in rotation order from `start`,
-    /// then suspect ones, skipping those already `tried`; once all were tried, round again.
-    pub fn pick(&self, start: usize, tried: &[SocketAddr]) -> Option<SocketAddr> {
+    /// Where a new query starts when breaking ties.
+    pub fn next_start(&self) -> usize {
+        self.cursor.fetch_add(1, Relaxed)
+    }
+
+    /// The server for a query's next try, not one of `tried` nor of `excluded` (servers that
+    /// answered this query with an error). On a query's first try a suspect or slow server that
+    /// is due a probe gets it. Once every server was tried, round again over those not excluded;
+    /// `None` when all are excluded.
+    pub fn choose(
+        &self,
+        start: usize,
+        tried: &[SocketAddr],
+        excluded: &[SocketAddr],
+        now: Instant,
+    ) -> Option<Choice> {
         let n = self.addrs.len();
-        if n == 0 {
+        let order = (0..n).map(|k| (start + k) % n);
+        let open: Vec<usize> = order
+            .clone()
+            .filter(|&i| !excluded.contains(&self.addrs[i]))
+            .collect();
+        if open.is_empty() {
             return None;
         }
-        for want_suspect in [false, true] {
-            for k in 0..n {
-                let i = (start + k) % n;
-                let addr = self.addrs[i];
-                if self.suspect[i].load(Ordering::Relaxed) == want_suspect && !tried.contains(&addr)
-                {
-                    return Some(addr);
+        let fresh: Vec<usize> = open
+            .iter()
+            .copied()
+            .filter(|&i| !tried.contains(&self.addrs[i]))
+            .collect();
+        if fresh.is_empty() {
+            let i = open[tried.len() % open.len()];
+            return Some(Choice {
+                addr: self.addrs[i],
+                probe: false,
+            });
+        }
+        let healthy: Vec<usize> = fresh
+            .iter()
+            .copied()
+            .filter(|&i| !self.suspect(i))
+            .collect();
+        let best = healthy
+            .iter()
+            .map(|&i| self.health[i].srtt_us.load(Relaxed))
+            .min()
+            .unwrap_or(0);
+        let in_band = |i: usize| {
+            let srtt = self.health[i].srtt_us.load(Relaxed);
+            srtt == 0 || srtt <= best.saturating_mul(2).saturating_add(BAND_SLACK_US)
+        };
+        if tried.is_empty() {
+            let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+            for &i in &fresh {
+                if (self.suspect(i) || !in_band(i)) && self.claim_probe(i, now_ms) {
+                    return Some(Choice {
+                        addr: self.addrs[i],
+                        probe: true,
+                    });
                 }
             }
         }
-        Some(self.addrs[(start + tried.len()) % n])
+        let banded: Vec<usize> = healthy.iter().copied().filter(|&i| in_band(i)).collect();
+        let pool = [&banded, &healthy, &fresh]
+            .into_iter()
+            .find(|p| !p.is_empty())
+            .expect("fresh is not empty");
+        // Least outstanding first; `pool` is in rotation order, and min_by_key keeps the first
+        // of equals, so equal servers take turns.
+        let i = *pool
+            .iter()
+            .min_by_key(|&&i| self.health[i].outstanding.load(Relaxed))
+            .expect("pool is not empty");
+        Some(Choice {
+            addr: self.addrs[i],
+            probe: false,
+        })
+    }
+
+    fn suspect(&self, i: usize) -> bool {
+        self.health[i].suspect.load(Relaxed)
+    }
+
+    fn claim_probe(&self, i: usize, now_ms: u64) -> bool {
+        let probed = &self.health[i].probed_ms;
+        let last = probed.load(Relaxed);
+        (last == 0 || now_ms.saturating_sub(last) >= PROBE_EVERY.as_millis() as u64)
+            && probed
+                .compare_exchange(last, now_ms, Relaxed, Relaxed)
+                .is_ok()
+    }
+
+    /// How long a try at `addr` may go unanswered before the query also asks elsewhere: its
+    /// smoothed RTT plus four deviations, within `[floor, ceiling]`; `unknown` before any sample.
+    pub fn hedge_delay(
+        &self,
+        addr: SocketAddr,
+        floor: Duration,
+        ceiling: Duration,
+        unknown: Duration,
+    ) -> Duration {
+        let Some(i) = self.index(addr) else {
+            return unknown.clamp(floor, ceiling);
+        };
+        let h = &self.health[i];
+        let srtt = h.srtt_us.load(Relaxed);
+        if srtt == 0 {
+            return unknown.clamp(floor, ceiling);
+        }
+        let us = u64::from(srtt) + 4 * u64::from(h.rttvar_us.load(Relaxed));
+        Duration::from_micros(us).clamp(floor, ceiling)
     }
 
     pub fn failures(&self) -> u64 {
-        self.failures.load(Ordering::Relaxed)
+        self.failures.load(Relaxed)
     }
 
     /// Same servers, whatever the order? (Sources may list backends in another order each time;
@@ -121,34 +247,76 @@ impl UpstreamSet {
     /// A try is on its way to `addr`.
     pub fn note_sent(&self, addr: SocketAddr) {
         if let Some(i) = self.index(addr) {
-            self.stats[i].queries.fetch_add(1, Ordering::Relaxed);
+            self.stats[i].queries.fetch_add(1, Relaxed);
+            self.health[i].outstanding.fetch_add(1, Relaxed);
         }
     }
 
-    /// Any well-formed reply proves the server alive. `took` is the time since its try was sent.
-    /// True when this cleared a suspect server.
-    pub fn note_reply(&self, addr: SocketAddr, took: Duration) -> bool {
-        let Some(i) = self.index(addr) else {
-            return false;
-        };
-        self.stats[i].latency.observe(took);
-        self.suspect[i].swap(false, Ordering::Relaxed)
+    fn end_try(&self, i: usize) {
+        let _ = self.health[i]
+            .outstanding
+            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
     }
 
-    /// A try timed out, could not be sent or was refused by the network. True when this made a
-    /// healthy server suspect.
-    pub fn note_failure(&self, addr: SocketAddr) -> bool {
+    /// A well-formed reply came `took` after its try was sent: the server is alive. `ends_try`
+    /// unless the try was already counted as ended (a late reply after its timeout). True when
+    /// this cleared a suspect server.
+    pub fn note_reply(&self, addr: SocketAddr, took: Duration, ends_try: bool) -> bool {
         let Some(i) = self.index(addr) else {
             return false;
         };
-        self.failures.fetch_add(1, Ordering::Relaxed);
-        self.stats[i].failures.fetch_add(1, Ordering::Relaxed);
-        !self.suspect[i].swap(true, Ordering::Relaxed)
+        if ends_try {
+            self.end_try(i);
+        }
+        self.stats[i].latency.observe(took);
+        let h = &self.health[i];
+        let sample = u32::try_from(took.as_micros()).unwrap_or(u32::MAX).max(1);
+        let srtt = h.srtt_us.load(Relaxed);
+        if srtt == 0 {
+            h.srtt_us.store(sample, Relaxed);
+            h.rttvar_us.store(sample / 2, Relaxed);
+        } else {
+            let var = h.rttvar_us.load(Relaxed);
+            let deviation = srtt.abs_diff(sample);
+            h.rttvar_us.store(var - var / 4 + deviation / 4, Relaxed);
+            h.srtt_us.store(srtt - srtt / 8 + sample / 8, Relaxed);
+        }
+        h.suspect.swap(false, Relaxed)
+    }
+
+    /// A try at `addr` ended without an answer. With `blame` (a timeout, the network refusing,
+    /// an error reply) the server becomes suspect: true when that is a change. Without (our own
+    /// resources ran out), only the try is counted as ended.
+    pub fn note_failure(&self, addr: SocketAddr, blame: bool) -> bool {
+        self.note_failure_of(addr, blame, true)
+    }
+
+    /// As [`UpstreamSet::note_failure`], for a failure that may not end a try of its own
+    /// (`ends_try` false: the network said the server is unreachable).
+    pub fn note_failure_of(&self, addr: SocketAddr, blame: bool, ends_try: bool) -> bool {
+        let Some(i) = self.index(addr) else {
+            return false;
+        };
+        if ends_try {
+            self.end_try(i);
+        }
+        if !blame {
+            return false;
+        }
+        self.failures.fetch_add(1, Relaxed);
+        self.stats[i].failures.fetch_add(1, Relaxed);
+        !self.health[i].suspect.swap(true, Relaxed)
     }
 
     pub fn is_suspect(&self, addr: SocketAddr) -> bool {
-        self.index(addr)
-            .is_some_and(|i| self.suspect[i].load(Ordering::Relaxed))
+        self.index(addr).is_some_and(|i| self.suspect(i))
+    }
+
+    /// The smoothed RTT of `addr`, if it has answered yet.
+    pub fn srtt(&self, addr: SocketAddr) -> Option<Duration> {
+        let i = self.index(addr)?;
+        let us = self.health[i].srtt_us.load(Relaxed);
+        (us > 0).then(|| Duration::from_micros(u64::from(us)))
     }
 }
 
@@ -188,80 +356,202 @@ mod tests {
         UpstreamSet::new(vec![addr(1), addr(2), addr(3)])
     }
 
+    fn pick(u: &UpstreamSet, start: usize, tried: &[SocketAddr]) -> Option<SocketAddr> {
+        u.choose(start, tried, &[], u.epoch).map(|c| c.addr)
+    }
+
+    /// Answers `n` tries at `a`, each `rtt` after it was sent.
+    fn answer(u: &UpstreamSet, a: SocketAddr, rtt_us: u64, n: usize) {
+        for _ in 0..n {
+            u.note_sent(a);
+            u.note_reply(a, Duration::from_micros(rtt_us), true);
+        }
+    }
+
     #[test]
-    fn rotates_the_first_choice() {
+    fn equal_servers_take_turns() {
         let u = three();
         let firsts: Vec<_> = (0..3)
-            .map(|_| u.pick(u.next_start(), &[]).unwrap())
+            .map(|_| pick(&u, u.next_start(), &[]).unwrap())
             .collect();
         assert_eq!(firsts, vec![addr(1), addr(2), addr(3)]);
+        for a in [addr(1), addr(2), addr(3)] {
+            answer(&u, a, 300, 5);
+        }
+        let mut counts = [0; 3];
+        for _ in 0..300 {
+            let a = pick(&u, u.next_start(), &[]).unwrap();
+            let k = [addr(1), addr(2), addr(3)]
+                .iter()
+                .position(|x| *x == a)
+                .unwrap();
+            counts[k] += 1;
+        }
+        assert_eq!(counts, [100, 100, 100], "even shares");
+    }
+
+    #[test]
+    fn the_least_busy_server_goes_first() {
+        let u = UpstreamSet::new(vec![addr(1), addr(2)]);
+        answer(&u, addr(1), 300, 3);
+        answer(&u, addr(2), 300, 3);
+        u.note_sent(addr(1));
+        u.note_sent(addr(1));
+        for start in 0..4 {
+            assert_eq!(pick(&u, start, &[]), Some(addr(2)), "start {start}");
+        }
+    }
+
+    #[test]
+    fn a_much_slower_server_gets_only_probes() {
+        let u = UpstreamSet::new(vec![addr(1), addr(2)]);
+        answer(&u, addr(1), 300, 8);
+        answer(&u, addr(2), 200_000, 8);
+        let t = u.epoch + Duration::from_secs(10);
+        let first = u.choose(0, &[], &[], t).unwrap();
+        assert_eq!(
+            first,
+            Choice {
+                addr: addr(2),
+                probe: true
+            },
+            "the slow one is probed"
+        );
+        for k in 0..50 {
+            let c = u
+                .choose(k, &[], &[], t + Duration::from_millis(k as u64))
+                .unwrap();
+            assert_eq!(c.addr, addr(1), "query {k}");
+        }
+        let later = u.choose(0, &[], &[], t + PROBE_EVERY).unwrap();
+        assert_eq!(
+            later,
+            Choice {
+                addr: addr(2),
+                probe: true
+            },
+            "probed again"
+        );
     }
 
     #[test]
     fn retries_go_to_servers_not_yet_tried() {
         let u = three();
-        assert_eq!(u.pick(1, &[addr(2)]), Some(addr(3)));
-        assert_eq!(u.pick(1, &[addr(2), addr(3)]), Some(addr(1)));
+        assert_eq!(pick(&u, 1, &[addr(2)]), Some(addr(3)));
+        assert_eq!(pick(&u, 1, &[addr(2), addr(3)]), Some(addr(1)));
     }
 
     #[test]
-    fn suspect_servers_go_last_until_they_answer() {
+    fn suspect_servers_go_last_are_probed_and_come_back_when_they_answer() {
         let u = three();
-        assert!(u.note_failure(addr(1)), "became suspect");
-        assert!(!u.note_failure(addr(1)), "already suspect");
+        u.note_sent(addr(1));
+        assert!(u.note_failure(addr(1), true), "became suspect");
+        u.note_sent(addr(1));
+        assert!(!u.note_failure(addr(1), true), "already suspect");
         assert!(u.is_suspect(addr(1)));
-        assert_eq!(u.pick(0, &[]), Some(addr(2)));
+        let t = u.epoch + Duration::from_secs(5);
         assert_eq!(
-            u.pick(0, &[addr(2), addr(3)]),
+            u.choose(0, &[], &[], t),
+            Some(Choice {
+                addr: addr(1),
+                probe: true
+            })
+        );
+        assert_eq!(
+            u.choose(0, &[], &[], t).map(|c| c.addr),
+            Some(addr(2)),
+            "one probe at a time"
+        );
+        assert_eq!(
+            pick(&u, 0, &[addr(2), addr(3)]),
             Some(addr(1)),
             "never excluded"
         );
-        assert!(u.note_reply(addr(1), Duration::ZERO), "recovered");
-        assert!(!u.note_reply(addr(1), Duration::ZERO));
-        assert_eq!(u.pick(0, &[]), Some(addr(1)));
+        u.note_sent(addr(1));
+        assert!(
+            u.note_reply(addr(1), Duration::from_micros(300), true),
+            "recovered"
+        );
+        assert!(!u.note_reply(addr(1), Duration::ZERO, true));
+        assert_eq!(u.choose(0, &[], &[], t).map(|c| c.addr), Some(addr(1)));
+    }
+
+    #[test]
+    fn local_failures_do_not_make_a_server_suspect() {
+        let u = three();
+        u.note_sent(addr(1));
+        assert!(!u.note_failure(addr(1), false));
+        assert!(!u.is_suspect(addr(1)));
+        assert_eq!(u.failures(), 0);
     }
 
     #[test]
     fn all_suspect_still_tries_every_server() {
         let u = three();
         for i in 1..=3 {
-            u.note_failure(addr(i));
+            u.note_failure(addr(i), true);
         }
-        assert_eq!(u.pick(2, &[]), Some(addr(3)));
-        assert_eq!(u.pick(2, &[addr(3)]), Some(addr(1)));
+        assert!(pick(&u, 2, &[]).is_some());
+        assert_eq!(pick(&u, 2, &[addr(3)]).map(|a| a != addr(3)), Some(true));
     }
 
     #[test]
-    fn once_all_were_tried_it_rounds_again() {
+    fn once_all_were_tried_it_rounds_again_but_never_to_an_excluded_one() {
         let single = UpstreamSet::new(vec![addr(9)]);
-        assert_eq!(single.pick(0, &[addr(9)]), Some(addr(9)));
-        assert_eq!(single.pick(0, &[addr(9), addr(9)]), Some(addr(9)));
+        assert_eq!(pick(&single, 0, &[addr(9)]), Some(addr(9)));
+        assert_eq!(single.choose(0, &[addr(9)], &[addr(9)], single.epoch), None);
         let u = three();
-        assert_eq!(u.pick(0, &[addr(1), addr(2), addr(3)]), Some(addr(1)));
+        assert_eq!(pick(&u, 0, &[addr(1), addr(2), addr(3)]), Some(addr(1)));
+        let excluded = [addr(1), addr(3)];
+        let c = u.choose(0, &[addr(1), addr(2), addr(3)], &excluded, u.epoch);
+        assert_eq!(c.map(|c| c.addr), Some(addr(2)));
+    }
+
+    #[test]
+    fn hedge_delay_follows_the_rtt_within_bounds() {
+        let u = three();
+        let (floor, ceiling, unknown) = (
+            Duration::from_millis(5),
+            Duration::from_secs(1),
+            Duration::from_millis(100),
+        );
+        assert_eq!(u.hedge_delay(addr(1), floor, ceiling, unknown), unknown);
+        answer(&u, addr(1), 300, 10);
+        assert_eq!(u.hedge_delay(addr(1), floor, ceiling, unknown), floor);
+        answer(&u, addr(2), 50_000, 20);
+        let d = u.hedge_delay(addr(2), floor, ceiling, unknown);
+        assert!(
+            d >= Duration::from_millis(50) && d < Duration::from_millis(200),
+            "{d:?}"
+        );
+        answer(&u, addr(3), 5_000_000, 20);
+        assert_eq!(u.hedge_delay(addr(3), floor, ceiling, unknown), ceiling);
     }
 
     #[test]
     fn a_server_listed_twice_is_one_server() {
         let u = UpstreamSet::new(vec![addr(1), addr(2), addr(1)]);
         assert_eq!(u.addrs(), [addr(1), addr(2)]);
-        u.note_failure(addr(1));
+        u.note_failure(addr(1), true);
+        assert_eq!(pick(&u, 0, &[]), Some(addr(1)), "probed once");
         assert_eq!(
-            u.pick(0, &[]),
+            pick(&u, 0, &[]),
             Some(addr(2)),
             "no healthy second copy of the dead one"
         );
     }
 
     #[test]
-    fn empty_set_has_nothing_to_pick() {
-        assert_eq!(UpstreamSet::new(vec![]).pick(0, &[]), None);
+    fn empty_set_has_nothing_to_choose() {
+        let u = UpstreamSet::new(vec![]);
+        assert_eq!(u.choose(0, &[], &[], u.epoch), None);
     }
 
     #[test]
     fn unknown_addresses_are_ignored() {
         let u = three();
-        assert!(!u.note_failure(addr(200)));
-        assert!(!u.note_reply(addr(200), Duration::ZERO));
-        assert_eq!(u.pick(0, &[]), Some(addr(1)));
+        assert!(!u.note_failure(addr(200), true));
+        assert!(!u.note_reply(addr(200), Duration::ZERO, true));
+        assert_eq!(pick(&u, 0, &[]), Some(addr(1)));
     }
 }

@@ -66,14 +66,21 @@ fn ipvs_lists_each_backend_once() {
 fn a_duplicated_upstream_that_times_out_is_tried_after_the_others() {
     let (dead, alive) = (addr("10.244.0.5:53"), addr("10.244.1.7:53"));
     let group = UpstreamSet::new(vec![dead, alive, dead]);
-    group.note_failure(dead);
-    for start in 0..3 {
-        assert_eq!(
-            group.pick(start, &[]),
-            Some(alive),
-            "rotation start {start}: the server that timed out is tried first"
-        );
+    group.note_failure(dead, true);
+    // The dead one gets one probe per half second; every other query goes to the live one.
+    let now = std::time::Instant::now();
+    let mut to_dead = 0;
+    for start in 0..30 {
+        let choice = group.choose(start, &[], &[], now).expect("a server");
+        if choice.addr == dead {
+            assert!(
+                choice.probe,
+                "rotation start {start}: the server that timed out is tried first"
+            );
+            to_dead += 1;
+        }
     }
+    assert_eq!(to_dead, 1, "one probe, not a share of the rotation");
 }
 
 /// This process's peak resident memory, in KiB.

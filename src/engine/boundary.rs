@@ -18,9 +18,16 @@ pub struct Settings {
     pub query_timeout: Duration,
     /// Queries in flight at once; beyond it clients get REFUSED at once.
     pub max_inflight: usize,
-    /// Upstream UDP sockets the shell has: numbers `0..v4` are IPv4, the next `v6` IPv6.
-    pub udp_sockets_v4: usize,
-    pub udp_sockets_v6: usize,
+    /// Connected UDP sockets the shell keeps per upstream (each on its own random source port):
+    /// a try goes out through one of them, picked at random.
+    pub udp_sockets_per_upstream: usize,
+    /// When a query still has no answer this long after it arrived and the cache holds an
+    /// expired one, that answer is served (RFC 8767's client-response timer) while the
+    /// query goes on to refresh the cache.
+    pub stale_after: Duration,
+    /// After every try for a name failed, its expired answer is served at once for this long,
+    /// with at most one refresh in flight (RFC 8767's failure-recheck timer).
+    pub stale_recheck: Duration,
 }
 
 /// An identifier the TCP shell gives each client connection.
@@ -45,7 +52,7 @@ impl Client {
 /// How a try travels to its upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Via {
-    /// Through upstream UDP socket number `socket` of the shell.
+    /// Through UDP socket number `socket` of the shell's sockets connected to the upstream.
     Udp { socket: usize },
     /// Over TCP (the shell picks or opens the connection).
     Tcp,
@@ -83,6 +90,9 @@ pub enum Failure {
     Network(io::ErrorKind),
     /// This host cannot reach the upstream's address family (no socket of that family).
     NoSocket,
+    /// The upstream answered, but with SERVFAIL, REFUSED or NOTIMP (the RCODE), or with an
+    /// error and no question: it cannot resolve this now, another upstream may.
+    ErrorReply(u8),
     /// Our own resources ran out (descriptors, buffers, query IDs): not the upstream's fault.
     Local(io::ErrorKind),
 }

@@ -2,6 +2,7 @@
 //! and for a TCP client, since one engine decides for both.
 
 use super::*;
+use super::{HEDGE_BURST, HEDGE_COST};
 use crate::cache::Limits;
 use crate::stats::ListenerStats;
 use std::io;
@@ -103,8 +104,9 @@ impl Rig {
             upstream_timeout: Duration::from_secs(1),
             query_timeout: Duration::from_millis(2500),
             max_inflight: 4096,
-            udp_sockets_v4: 2,
-            udp_sockets_v6: 2,
+            udp_sockets_per_upstream: 2,
+            stale_after: Duration::from_millis(1800),
+            stale_recheck: Duration::from_secs(30),
         };
         tweak(&mut settings);
         let cache = Cache::new(Limits::default()).map(|c| Arc::new(Mutex::new(c)));
@@ -259,25 +261,40 @@ fn ignores_replies_that_do_not_match_on_both_transports() {
 }
 
 #[test]
-fn a_timeout_moves_to_another_upstream_and_late_replies_still_count() {
+fn an_unanswered_try_is_hedged_then_timed_out_and_late_replies_still_count() {
     for transport in BOTH {
         let mut rig = Rig::new(transport, ListenerRole::Cluster, vec![], vec![up(1), up(2)]);
         rig.query(&query(5, "x.cluster.local", None), 0);
         let (first, sent1) = rig.last_upstream();
-        rig.tick(999);
-        assert_eq!(rig.sent.len(), 1, "not yet");
-        rig.tick(1000);
+        rig.tick(99);
+        assert_eq!(rig.upstream_sends(), 1, "not yet");
+        rig.tick(100);
         let (second, sent2) = rig.last_upstream();
-        assert_ne!(first.to, second.to);
+        assert_eq!(
+            rig.upstream_sends(),
+            2,
+            "hedged after the delay for an unknown upstream"
+        );
+        assert_ne!(first.to, second.to, "to the other upstream");
         assert_ne!(wire::id(&sent1), wire::id(&sent2), "fresh ID per try");
-        assert!(matches!(
-            rig.events[..],
-            [Event::UpstreamSuspect {
-                failure: Failure::TimedOut,
-                ..
-            }]
-        ));
-        rig.reply(first, reply(&sent1, false, 0));
+        rig.tick(1000);
+        assert!(
+            matches!(
+                rig.events[..],
+                [Event::UpstreamSuspect {
+                    failure: Failure::TimedOut,
+                    ..
+                }]
+            ),
+            "{:?}",
+            rig.events
+        );
+        assert_eq!(
+            rig.upstream_sends(),
+            2,
+            "the hedge is still out: no third try yet"
+        );
+        rig.reply_at(first, reply(&sent1, false, 0), first.to, 1050);
         assert_eq!(
             rig.to_client().len(),
             1,
@@ -289,6 +306,169 @@ fn a_timeout_moves_to_another_upstream_and_late_replies_still_count() {
             "{:?}",
             rig.events
         );
+    }
+}
+
+#[test]
+fn one_hedge_per_query_and_hedges_stay_a_bounded_share() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    rig.query(&query(1, "one.svc", None), 0);
+    rig.tick(100);
+    let hedges: Vec<_> = rig
+        .sent
+        .iter()
+        .filter(|(d, _)| matches!(d, Dest::Upstream(_)))
+        .collect();
+    assert_eq!(
+        hedges.len(),
+        2,
+        "a single upstream: the hedge is a retransmission"
+    );
+    rig.tick(900);
+    assert_eq!(rig.upstream_sends(), 2, "never a second hedge");
+    // A flood of queries nobody answers: hedges are paid from a budget the queries earn.
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    for i in 0..1000u16 {
+        rig.query(&query(i, &format!("n{i}.svc"), None), u64::from(i));
+        rig.tick(u64::from(i));
+    }
+    // By 999 ms no try has timed out yet; the hedges of the first 900 queries are due.
+    let extra = rig.upstream_sends() - 1000;
+    let most = 900 / HEDGE_COST as usize + (HEDGE_BURST / HEDGE_COST) as usize;
+    assert!(extra <= most, "{extra} hedges, more than {most}");
+    assert!(extra >= 150, "but hedges do happen: {extra}");
+}
+
+#[test]
+fn an_error_reply_moves_the_query_to_another_upstream_at_once() {
+    for code in [rcode::REFUSED, rcode::SERVFAIL, rcode::NOTIMP] {
+        for transport in BOTH {
+            let mut rig = Rig::new(transport, ListenerRole::Cluster, vec![], vec![up(1), up(2)]);
+            rig.query(&query(3, "e.svc", None), 0);
+            let (first, sent) = rig.last_upstream();
+            rig.reply_at(first, with_rcode(&sent, code), first.to, 1);
+            assert!(rig.to_client().is_empty(), "an error is not an answer");
+            let (second, sent2) = rig.last_upstream();
+            assert_ne!(second.to, first.to);
+            assert!(
+                rig.engine.upstreams.kube_dns.is_suspect(first.to),
+                "counts against it"
+            );
+            rig.reply_at(second, answer(&sent2, 60), second.to, 2);
+            let answers = rig.to_client();
+            assert_eq!(answers.len(), 1);
+            assert_eq!(
+                wire::rcode(&answers[0]),
+                rcode::NOERROR,
+                "rcode {code} {transport:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn when_every_upstream_answers_an_error_that_error_is_passed_on() {
+    let mut rig = Rig::new(
+        Transport::Udp,
+        ListenerRole::Cluster,
+        vec![],
+        vec![up(1), up(2)],
+    );
+    rig.query(&query(3, "e.svc", None), 0);
+    for _ in 0..2 {
+        let (leg, sent) = rig.last_upstream();
+        rig.reply_at(leg, with_rcode(&sent, rcode::REFUSED), leg.to, 1);
+    }
+    let answers = rig.to_client();
+    assert_eq!(
+        answers.len(),
+        1,
+        "answered once both refused, not after the deadline"
+    );
+    assert_eq!(wire::rcode(&answers[0]), rcode::REFUSED);
+    assert_eq!(
+        rig.upstream_sends(),
+        2,
+        "a refusing upstream is not asked twice"
+    );
+}
+
+#[test]
+fn a_reply_without_a_question_counts_only_as_an_error() {
+    let mut rig = Rig::new(
+        Transport::Udp,
+        ListenerRole::Cluster,
+        vec![],
+        vec![up(1), up(2)],
+    );
+    rig.query(&query(3, "q.svc", None), 0);
+    let (leg, sent) = rig.last_upstream();
+    let mut bare = sent[..12].to_vec();
+    bare[2] |= 0x80;
+    bare[4..12].fill(0);
+    rig.reply_at(leg, bare.clone(), leg.to, 1);
+    assert_eq!(
+        rig.upstream_sends(),
+        1,
+        "NOERROR without a question is ignored"
+    );
+    assert!(rig.to_client().is_empty());
+    bare[3] = rcode::FORMERR;
+    rig.reply_at(leg, bare, leg.to, 2);
+    assert_eq!(
+        rig.upstream_sends(),
+        2,
+        "FORMERR without a question is a failed try"
+    );
+}
+
+#[test]
+fn an_unreachable_upstream_moves_every_query_there_on_at_once() {
+    let mut rig = Rig::new(
+        Transport::Udp,
+        ListenerRole::Cluster,
+        vec![],
+        vec![up(1), up(2)],
+    );
+    for i in 0..10 {
+        rig.query(&query(i, &format!("u{i}.svc"), None), 0);
+    }
+    let at_one = rig
+        .sent
+        .iter()
+        .filter(|(d, _)| matches!(d, Dest::Upstream(l) if l.to == up(1)))
+        .count();
+    assert!(at_one >= 4, "shared between both: {at_one} at the first");
+    rig.engine.handle_unreachable(rig.at(2), up(1));
+    rig.drain();
+    assert_eq!(
+        rig.upstream_sends(),
+        10 + at_one,
+        "each one at up(1) went to up(2) at once"
+    );
+    assert!(rig.engine.upstreams.kube_dns.is_suspect(up(1)));
+    rig.query(&query(99, "after.svc", None), 3);
+    let (leg, _) = rig.last_upstream();
+    assert_eq!(leg.to, up(1), "one probe...");
+    rig.query(&query(98, "after2.svc", None), 4);
+    assert_eq!(rig.last_upstream().0.to, up(2), "...then the others");
+}
+
+#[test]
+fn a_timed_out_upstream_gets_only_probes_until_it_answers() {
+    for transport in BOTH {
+        let mut rig = Rig::new(transport, ListenerRole::Cluster, vec![], vec![up(1), up(2)]);
+        rig.query(&query(1, "a.b", None), 0);
+        let (first, _) = rig.last_upstream();
+        rig.tick(1000);
+        let mut probes = 0;
+        for i in 0..20 {
+            rig.query(&query(2 + i, &format!("c{i}.d"), None), 1001 + u64::from(i));
+            if rig.last_upstream().0.to == first.to {
+                probes += 1;
+            }
+        }
+        assert_eq!(probes, 1, "{transport:?}");
     }
 }
 
@@ -313,20 +493,6 @@ fn servfail_when_every_try_fails_before_the_deadline() {
         assert_eq!(wire::id(&answers[0]), 5);
         assert_eq!(rig.engine.inflight(), 0);
         assert_eq!(rig.upstream_sends(), 3);
-    }
-}
-
-#[test]
-fn a_timed_out_upstream_is_tried_last_by_later_queries() {
-    for transport in BOTH {
-        let mut rig = Rig::new(transport, ListenerRole::Cluster, vec![], vec![up(1), up(2)]);
-        rig.query(&query(1, "a.b", None), 0);
-        let (first, _) = rig.last_upstream();
-        rig.tick(1000);
-        for i in 0..4 {
-            rig.query(&query(2 + i, "c.d", None), 1001);
-            assert_ne!(rig.last_upstream().0.to, first.to);
-        }
     }
 }
 
@@ -450,17 +616,19 @@ fn ids_spread_over_sockets_and_values() {
 }
 
 #[test]
-fn an_upstream_of_a_family_without_sockets_is_skipped() {
+fn an_upstream_the_shell_has_no_socket_for_is_skipped() {
     let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 53));
-    let mut rig = Rig::with(
+    let mut rig = Rig::new(
         Transport::Udp,
         ListenerRole::Cluster,
         vec![],
         vec![v6, up(1)],
-        |s| s.udp_sockets_v6 = 0,
     );
     rig.query(&query(1, "a.b", None), 0);
-    assert_eq!(rig.upstream_sends(), 1);
+    let (leg, _) = rig.last_upstream();
+    assert_eq!(leg.to, v6, "the first in turn");
+    rig.fail(leg, Failure::NoSocket, 0);
+    assert_eq!(rig.upstream_sends(), 2);
     assert_eq!(rig.last_upstream().0.to, up(1));
 }
 
@@ -627,4 +795,46 @@ fn every_query_gets_exactly_one_reply_and_nothing_stays_in_flight() {
         assert_eq!(ids, [0, 1, 2, 3], "{transport:?}");
         assert_eq!(rig.engine.inflight(), 0);
     }
+}
+
+#[test]
+fn stale_answers_come_at_the_client_response_timer_then_at_once_while_failing() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    rig.query(&query(1, "s.svc", None), 0);
+    let (leg, sent) = rig.last_upstream();
+    rig.reply(leg, answer(&sent, 10));
+    // The upstream goes silent; the entry expired long ago.
+    rig.query(&query(2, "s.svc", None), 60_000);
+    rig.tick(61_799);
+    assert_eq!(rig.to_client().len(), 1, "not yet");
+    rig.tick(61_800);
+    let stale = rig.to_client().pop().unwrap();
+    assert_eq!(
+        (wire::id(&stale), wire::rcode(&stale)),
+        (2, rcode::NOERROR),
+        "stale at 1.8 s"
+    );
+    rig.tick(62_500);
+    assert_eq!(
+        rig.to_client().len(),
+        2,
+        "answered once, not again at the deadline"
+    );
+    // The refresh failed: for the next 30 s the stale answer comes at once, and only one
+    // refresh at a time goes upstream.
+    let sends = rig.upstream_sends();
+    rig.query(&query(3, "s.svc", None), 63_000);
+    assert_eq!(wire::id(&rig.to_client().pop().unwrap()), 3, "at once");
+    assert_eq!(rig.upstream_sends(), sends + 1, "one refresh");
+    rig.query(&query(4, "s.svc", None), 63_001);
+    assert_eq!(wire::id(&rig.to_client().pop().unwrap()), 4, "at once");
+    assert_eq!(rig.upstream_sends(), sends + 1, "still one refresh");
+    // The upstream is back: the refresh fills the cache, and fresh answers follow.
+    let (leg, sent) = rig.last_upstream();
+    rig.reply_at(leg, answer(&sent, 60), leg.to, 63_002);
+    rig.query(&query(5, "s.svc", None), 63_003);
+    let fresh = rig.to_client().pop().unwrap();
+    let ttl = &fresh[fresh.len() - 10..fresh.len() - 6];
+    assert_eq!(ttl, &60u32.to_be_bytes(), "a fresh answer from the cache");
+    assert_eq!(rig.engine.inflight(), 0);
 }

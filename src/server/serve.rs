@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::prepare::Prepared;
 use crate::cache::Cache;
 use crate::cli::Config;
-use crate::discover::follow::{self, Owned};
+use crate::discover::follow;
 use crate::engine::{self, Engine};
 use crate::mailbox::Mailbox;
 use crate::relay::{self, Relay, Stop};
@@ -33,6 +33,11 @@ const FIRST_LOOK: Duration = Duration::from_secs(3);
 /// listeners' client connections (2 x `--max-tcp-connections`, 512 by default) and the UDP
 /// sockets this stays well under systemd's default soft limit of 1,024 descriptors.
 const MAX_TCP_EXCHANGES: usize = 256;
+/// Serve-stale's client-response timer (RFC 8767 suggests 1.8 s): under the 2.5 s query budget
+/// and well under a stub's 5 s timeout.
+const STALE_AFTER: Duration = Duration::from_millis(1800);
+/// Serve-stale's failure-recheck timer (RFC 8767 suggests 30 s).
+const STALE_RECHECK: Duration = Duration::from_secs(30);
 /// How often a summary line is logged (and systemd's STATUS= refreshed) while serving.
 const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
@@ -125,14 +130,14 @@ pub async fn serve(
                 .udp
                 .try_clone()
                 .map_err(|e| format!("cannot share the UDP socket of {}: {e}", bound.addr))?;
-            let (v4, v6) = upstream_pool(&config, &sets, role, owned);
             let settings = engine::Settings {
                 cluster_domain: config.cluster_domain_wire.clone(),
                 upstream_timeout: config.upstream_timeout,
                 query_timeout: config.query_timeout,
                 max_inflight: config.max_inflight,
-                udp_sockets_v4: v4.len(),
-                udp_sockets_v6: v6.len(),
+                udp_sockets_per_upstream: config.upstream_sockets,
+                stale_after: STALE_AFTER,
+                stale_recheck: STALE_RECHECK,
             };
             let stats = counters.listener(role).clone();
             let engine = Engine::new(
@@ -148,7 +153,7 @@ pub async fn serve(
             let relay = Relay {
                 engine,
                 listener: udp,
-                pool: v4.into_iter().chain(v6).collect(),
+                sockets_per_upstream: config.upstream_sockets,
                 mailbox,
                 tcp: upstream_tcp.clone(),
                 upstreams: sets_rx.clone(),
@@ -284,40 +289,6 @@ fn list(u: &UpstreamSet) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// The upstream sockets of one relay thread: `--upstream-sockets` per address family that its
-/// groups may use. An IPv6 pool that cannot be created (IPv6 disabled on the node) is logged
-/// and left empty.
-fn upstream_pool(
-    config: &Config,
-    sets: &UpstreamSets,
-    role: ListenerRole,
-    owned: Owned,
-) -> (Vec<UdpSocket>, Vec<UdpSocket>) {
-    let mut addrs: Vec<SocketAddr> = sets.kube_dns.addrs().to_vec();
-    if role == ListenerRole::Node {
-        addrs.extend_from_slice(sets.vnet_dns.addrs());
-    }
-    let make = |ipv6: bool| -> Vec<UdpSocket> {
-        (0..config.upstream_sockets)
-            .map_while(|_| match listen::upstream_socket(ipv6) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(ipv6, error = %e, "cannot open an upstream socket");
-                    None
-                }
-            })
-            .collect()
-    };
-    let v4 = make(false);
-    // Discovered upstreams may turn out to be IPv6 later, so discovery always gets an IPv6 pool.
-    let v6 = if owned.node || owned.cluster || addrs.iter().any(SocketAddr::is_ipv6) {
-        make(true)
-    } else {
-        Vec::new()
-    };
-    (v4, v6)
 }
 
 fn log_listener(

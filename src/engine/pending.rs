@@ -1,0 +1,147 @@
+//! The engine's book of queries in flight: who is waiting, which tries are out, and the timers.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use super::{Client, Leg, Via};
+use crate::cache::Key;
+use crate::roles::{Transport, UpstreamGroup};
+use crate::wire;
+
+/// The most tries one query makes (a hedge counts as one); the query deadline usually ends it first.
+pub const MAX_TRIES: usize = 4;
+
+/// One try of a query at one upstream.
+#[derive(Clone, Copy, Debug)]
+pub struct Try {
+    pub leg: Leg,
+    pub sent: Instant,
+    /// Still awaited: no reply, failure or timeout has ended it yet.
+    pub live: bool,
+    /// It ended with an error reply: that upstream is not asked again for this query.
+    pub errored: bool,
+}
+
+/// A client waiting for an answer besides the first: how it asked (its ID, spelling and size
+/// limit go back into the answer).
+pub struct Asker {
+    pub client: Client,
+    pub query: Box<[u8]>,
+    pub q: wire::Query,
+}
+
+/// A query waiting for upstreams, with any identical queries that arrived while it was on its
+/// way (they share its answer instead of multiplying upstream load).
+pub struct Pending {
+    /// The first asker's query: what goes upstream.
+    pub query: Box<[u8]>,
+    pub q: wire::Query,
+    /// The first asker; `None` once it was answered (stale) while the query goes on to refresh
+    /// the cache, or for a refresh nobody waits on.
+    pub client: Option<Client>,
+    pub followers: Vec<Asker>,
+    /// The cache key, when the cache is on: also the coalescing key (with the transport).
+    pub key: Option<Key>,
+    pub group: UpstreamGroup,
+    /// The transport of every try: the asker's own (a TCP client's query goes upstream over TCP).
+    pub transport: Transport,
+    /// Where the query starts among equal upstreams.
+    pub start: usize,
+    pub deadline: Instant,
+    pub tries: [Option<Try>; MAX_TRIES],
+    pub ntries: usize,
+    /// At most one hedge per query.
+    pub hedged: bool,
+    /// Its askers got a stale answer already (the client-response timer fired).
+    pub stale_served: bool,
+    /// The first error reply an upstream gave: passed on if every upstream gives one.
+    pub error_reply: Option<Box<[u8]>>,
+}
+
+impl Pending {
+    /// Everyone waiting: (client, its query bytes, its parse).
+    pub fn askers(&self) -> impl Iterator<Item = (Client, &[u8], &wire::Query)> {
+        let first = self.client.map(|c| (c, &*self.query, &self.q));
+        first
+            .into_iter()
+            .chain(self.followers.iter().map(|a| (a.client, &*a.query, &a.q)))
+    }
+
+    pub fn has_askers(&self) -> bool {
+        self.client.is_some() || !self.followers.is_empty()
+    }
+
+    pub fn live_tries(&self) -> usize {
+        self.tries.iter().flatten().filter(|t| t.live).count()
+    }
+
+    /// Upstreams already tried, and those that answered with an error.
+    pub fn tried_and_excluded(&self) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
+        let tries = self.tries[..self.ntries].iter().flatten();
+        let tried = tries.clone().map(|t| t.leg.to).collect();
+        let excluded = tries.filter(|t| t.errored).map(|t| t.leg.to).collect();
+        (tried, excluded)
+    }
+
+    pub fn try_index(&self, leg: &Leg) -> Option<usize> {
+        self.tries
+            .iter()
+            .position(|t| t.is_some_and(|t| t.leg == *leg))
+    }
+}
+
+pub struct Slot {
+    /// Bumped whenever the slot is freed, so stale keys and timers of an earlier query are ignored.
+    pub generation: u32,
+    pub pending: Option<Pending>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TimerKind {
+    /// The try's budget is used up.
+    TryTimeout,
+    /// The try has gone unanswered longer than its upstream usually takes: ask elsewhere too.
+    Hedge,
+    /// The client-response timer of serve-stale.
+    Stale,
+}
+
+/// Ordered by time first so the heap's top is the next to expire.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timer {
+    pub at: Instant,
+    pub slot: u32,
+    pub generation: u32,
+    pub try_no: usize,
+    pub kind: TimerKind,
+}
+
+/// Where a try's reply is looked up: UDP by (upstream, socket, ID), TCP by (upstream, ID).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TryKey {
+    Udp(SocketAddr, usize, u16),
+    Tcp(SocketAddr, u16),
+}
+
+impl TryKey {
+    pub fn of(leg: &Leg) -> TryKey {
+        match leg.via {
+            Via::Udp { socket } => TryKey::Udp(leg.to, socket, leg.id),
+            Via::Tcp => TryKey::Tcp(leg.to, leg.id),
+        }
+    }
+
+    pub fn upstream(&self) -> SocketAddr {
+        match *self {
+            TryKey::Udp(to, _, _) | TryKey::Tcp(to, _) => to,
+        }
+    }
+}
+
+/// A try still out when its query was answered by another: kept until its reply or its
+/// deadline, so a server that answers late or never still counts in its health.
+pub struct Orphan {
+    pub group: UpstreamGroup,
+    pub sent: Instant,
+    pub deadline: Instant,
+}
