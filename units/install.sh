@@ -92,7 +92,7 @@ check() {
         else
             out=$("$root/$dest" --version 2>&1) || out="FAILED: $out"
         fi
-        [[ $out == "localdns-fallback "* ]] || echo "binary does not answer --version: $root/$dest: $out"
+        [[ $out == "localdns-fallback "* ]] || echo "binary does not answer --version: $root/$dest: ${out%%$'\n'*}"
     elif [[ -f $root/$dest ]]; then
         echo "not executable: $root/$dest"
     fi
