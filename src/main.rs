@@ -29,7 +29,11 @@ fn main() -> ExitCode {
             };
         }
         Ok(Command::Version) => {
-            println!("localdns-fallback {}", env!("CARGO_PKG_VERSION"));
+            println!(
+                "localdns-fallback {} (commit {})",
+                env!("CARGO_PKG_VERSION"),
+                env!("BUILD_COMMIT")
+            );
             return ExitCode::SUCCESS;
         }
         Err(e) => {

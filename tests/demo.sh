@@ -4,7 +4,9 @@
 # `localdns`, a "VNet DNS" namespace (168.63.129.16, answering external names) and a "kube-dns"
 # namespace (a pod IP, answering cluster.local). The node namespace gets a resolv.conf naming the
 # VNet DNS and kube-proxy-shaped iptables rules naming the kube-dns pod, so the forwarder finds its
-# upstreams itself, as on a real node. Then both listeners are asked with dig. Everything it makes is removed on exit, also on Ctrl-C or failure.
+# upstreams itself, as on a real node. Then both listeners are asked with dig; the last line says
+# "demo OK" when every answer was the expected one (exit 0), "demo FAILED" otherwise (exit 1).
+# Everything it makes is removed on exit, also on Ctrl-C or failure.
 # Nothing leaves the namespaces: the host's network is never touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,18 +94,29 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 
-ask() { # ask DESCRIPTION DIG-ARGS...
-    local what=$1; shift
+failed=()
+ask() { # ask DESCRIPTION EXPECTED DIG-ARGS...   (EXPECTED: text the reply must hold)
+    local what=$1 expected=$2 reply; shift 2
     printf '\n$ dig %s        # %s\n' "$*" "$what"
-    ip netns exec "$node" dig +time=3 +tries=1 +noall +comments +answer "$@" | grep -E 'status|\sIN\s' || true
+    reply=$(ip netns exec "$node" dig +time=3 +tries=1 +noall +comments +answer "$@" | grep -E 'status|\sIN\s' || true)
+    echo "$reply"
+    grep -qF -- "$expected" <<<"$reply" || failed+=("$what: expected \"$expected\"")
 }
 echo "== localdns-fallback serving 169.254.10.10 (node) and 169.254.10.11 (cluster)"
-ask "ClusterFirst pod, cluster name -> kube-dns" @169.254.10.11 kubernetes.default.svc.cluster.local
-ask "ClusterFirst pod, external name -> kube-dns" @169.254.10.11 www.example.com
-ask "host, cluster name -> kube-dns" @169.254.10.10 kube-dns.kube-system.svc.cluster.local
-ask "host, external name -> VNet DNS" @169.254.10.10 www.example.com +tcp
-ask "LocalDNS health probe, answered locally" @169.254.10.10 health-check.localdns.local
+ask "ClusterFirst pod, cluster name -> kube-dns" 10.0.0.1 @169.254.10.11 kubernetes.default.svc.cluster.local
+ask "ClusterFirst pod, external name -> kube-dns" 93.184.216.34 @169.254.10.11 www.example.com
+ask "host, cluster name -> kube-dns" 10.0.0.10 @169.254.10.10 kube-dns.kube-system.svc.cluster.local
+ask "host, external name -> VNet DNS" 93.184.216.34 @169.254.10.10 www.example.com +tcp
+ask "LocalDNS health probe, answered locally" "status: NOERROR" @169.254.10.10 health-check.localdns.local
 
 echo; echo "== the forwarder's log"
-kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || true
+kill -TERM "${pids[-1]}"
+status=0; wait "${pids[-1]}" || status=$?
 cat "$work/fwd.log"
+((status == 0)) || failed+=("the forwarder exited with status $status on SIGTERM")
+echo
+if ((${#failed[@]})); then
+    printf 'demo FAILED: %s\n' "${failed[@]}" >&2
+    exit 1
+fi
+echo "demo OK: both listeners answered all 5 questions the way LocalDNS routes them, then stopped cleanly"

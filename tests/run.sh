@@ -30,6 +30,13 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# cargo-deb builds the .deb that tests/shipping.rs installs into a scratch node image (installing
+# it, when missing, takes about 2 minutes).
+if ! command -v cargo-deb >/dev/null 2>&1; then
+    echo "installing cargo-deb"
+    cargo install cargo-deb --locked
+fi
+
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
 

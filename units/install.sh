@@ -1,47 +1,168 @@
 #!/usr/bin/env bash
-# Installs localdns-fallback where AKS nodes keep LocalDNS's pieces, or removes exactly what it
-# installed:
+# Installs localdns-fallback where AKS nodes keep LocalDNS's pieces, removes exactly what it
+# installed, or checks an installed tree (for an image pipeline, after `dpkg -i` or this script):
 #   units/install.sh [--binary PATH] [--root DIR]        install (binary defaults to the release build)
 #   units/install.sh --uninstall [--root DIR]             remove
-# --root installs into another root file system (an image being built, a test container).
+#   units/install.sh --check [--root DIR]                 verify; exit 1 naming every problem
+# --root works on another root file system (an image being built, a test container).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+
+# ---- What is installed: one line per file, SOURCE DESTINATION MODE. ---------------------------
+# SOURCE is relative to units/ ("binary" is the --binary file); DESTINATION is relative to the root.
+# Install, uninstall and --check all read this list, and the .deb (Cargo.toml,
+# [package.metadata.deb] assets) must hold the same files: tests/shipping.rs compares them.
+files=(
+    "binary                                        opt/azure/containers/localdns/localdns-fallback                  0755"
+    "localdns-fallback.service                     etc/systemd/system/localdns-fallback.service                     0644"
+    "localdns.service.d/50-localdns-fallback.conf  etc/systemd/system/localdns.service.d/50-localdns-fallback.conf  0644"
+)
+# ---- What wires the fallback to LocalDNS: lines --check requires in the installed drop-in. --------
+# One entry per directive, "[Section] Key=value", exactly as in
+# units/localdns.service.d/50-localdns-fallback.conf: the start on failure, and the handoff back.
+# Update this list when the drop-in changes (tests/shipping.rs fails on any directive it misses).
+dropin=etc/systemd/system/localdns.service.d/50-localdns-fallback.conf
+dropin_directives=(
+    "[Unit] OnFailure=localdns-fallback.service"
+    "[Service] ExecStartPre=-/usr/bin/timeout 10 /usr/bin/systemctl stop localdns-fallback.service"
+)
+# ------------------------------------------------------------------------------------------------
+
 root=""
 binary="$here/../target/release/localdns-fallback"
 action=install
 while (($#)); do
     case $1 in
         --uninstall) action=uninstall ;;
+        --check) action=check ;;
         --binary) binary=$2; shift ;;
         --root) root=$2; shift ;;
         *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
-
-bin_path=$root/opt/azure/containers/localdns/localdns-fallback
-unit_path=$root/etc/systemd/system/localdns-fallback.service
-dropin_dir=$root/etc/systemd/system/localdns.service.d
-dropin_path=$dropin_dir/50-localdns-fallback.conf
+root=${root%/}
 
 reload() {
     # Only the running systemd of this root; an image being built has none.
     if [[ -z $root && -d /run/systemd/system ]]; then systemctl daemon-reload; fi
 }
 
+# The installed paths, for messages.
+installed() {
+    local entry src dest mode out=""
+    for entry in "${files[@]}"; do
+        read -r src dest mode <<<"$entry"
+        out+="${out:+, }$root/$dest"
+    done
+    echo "$out"
+}
+
+# The destination of the binary, from the list.
+binary_dest() {
+    local entry src dest mode
+    for entry in "${files[@]}"; do
+        read -r src dest mode <<<"$entry"
+        if [[ $src == binary ]]; then echo "$dest"; fi
+    done
+}
+
+# Prints one line per problem found in the installed tree; prints nothing when all is well.
+check() {
+    local entry src dest mode path actual
+    for entry in "${files[@]}"; do
+        read -r src dest mode <<<"$entry"
+        path=$root/$dest
+        if [[ ! -e $path ]]; then
+            echo "missing: $path"
+        elif [[ ! -f $path ]]; then
+            echo "not a regular file: $path"
+        elif actual=$(stat -c '%04a' "$path") && [[ $actual != "$mode" ]]; then
+            echo "wrong mode: $path is $actual, must be $mode"
+        fi
+    done
+
+    # The binary answers --version. In a root with an OS of its own it runs there (chroot), so the
+    # C library it is checked against is the image's, not this machine's.
+    dest=$(binary_dest)
+    if [[ -f $root/$dest && -x $root/$dest ]]; then
+        local out
+        if [[ -n $root && -x $root/bin/sh ]]; then
+            out=$(chroot "$root" "/$dest" --version 2>&1) || out="FAILED: $out"
+        else
+            out=$("$root/$dest" --version 2>&1) || out="FAILED: $out"
+        fi
+        [[ $out == "localdns-fallback "* ]] || echo "binary does not answer --version: $root/$dest: ${out%%$'\n'*}"
+    elif [[ -f $root/$dest ]]; then
+        echo "not executable: $root/$dest"
+    fi
+
+    # The drop-in carries every directive, each in its section.
+    if [[ -f $root/$dropin ]]; then
+        local want section line
+        for want in "${dropin_directives[@]}"; do
+            section=${want%%] *}]
+            line=${want#*] }
+            awk -v section="$section" -v line="$line" '
+                /^[ \t]*\[/ { current = $0; gsub(/[ \t]/, "", current) }
+                { sub(/^[ \t]+/, ""); sub(/[ \t]+$/, "") }
+                current == section && $0 == line { found = 1 }
+                END { exit !found }' "$root/$dropin" ||
+                echo "drop-in not wired: $root/$dropin lacks \"$line\" in $section"
+        done
+    fi
+
+    # systemd's own reading of the units: clean means no complaint at all (an unknown key or a
+    # directive in the wrong section is only a warning, with exit status 0). LocalDNS's unit comes
+    # from LocalDNS, not from us: it is verified with our drop-in when the tree has it.
+    local units=(localdns-fallback.service) root_flag=()
+    [[ -n $root ]] && root_flag=(--root="$root")
+    local localdns
+    for localdns in etc/systemd/system lib/systemd/system usr/lib/systemd/system; do
+        if [[ -f $root/$localdns/localdns.service ]]; then units+=(localdns.service); break; fi
+    done
+    if ((${#units[@]} == 1)); then
+        echo "note: no localdns.service in $root/: the drop-in was checked by its text only" >&2
+    fi
+    if [[ -f $root/etc/systemd/system/localdns-fallback.service ]]; then
+        local verify
+        if ! verify=$(systemd-analyze verify "${root_flag[@]}" "${units[@]}" 2>&1) || [[ -n $verify ]]; then
+            echo "systemd-analyze verify ${root_flag[*]} ${units[*]} is not clean:"
+            sed 's/^/    /' <<<"$verify"
+        fi
+    fi
+}
+
 case $action in
     install)
         [[ -x $binary ]] || { echo "install.sh: no binary at $binary (cargo build --release first)" >&2; exit 1; }
-        install -D -m 0755 "$binary" "$bin_path"
-        install -D -m 0644 "$here/localdns-fallback.service" "$unit_path"
-        install -D -m 0644 "$here/localdns.service.d/50-localdns-fallback.conf" "$dropin_path"
+        for entry in "${files[@]}"; do
+            read -r src dest mode <<<"$entry"
+            [[ $src == binary ]] && src=$binary || src=$here/$src
+            install -D -m "$mode" "$src" "$root/$dest"
+        done
         reload
-        echo "installed $bin_path, $unit_path, $dropin_path"
+        echo "installed $(installed)"
         ;;
     uninstall)
-        rm -f "$bin_path" "$unit_path" "$dropin_path"
-        rmdir --ignore-fail-on-non-empty "$dropin_dir" "$(dirname "$bin_path")" 2>/dev/null || true
+        for entry in "${files[@]}"; do
+            read -r src dest mode <<<"$entry"
+            rm -f "$root/$dest"
+            # A directory left empty goes too (the drop-in's; LocalDNS's own keeps its scripts).
+            if [[ $(dirname "$dest") != etc/systemd/system ]]; then
+                rmdir --ignore-fail-on-non-empty "$(dirname "$root/$dest")" 2>/dev/null || true
+            fi
+        done
         reload
-        echo "removed $bin_path, $unit_path, $dropin_path"
+        echo "removed $(installed)"
+        ;;
+    check)
+        problems=$(check)
+        if [[ -n $problems ]]; then
+            echo "install.sh --check: ${root:-/} is NOT a complete localdns-fallback install:" >&2
+            echo "$problems" | sed 's/^/  /' >&2
+            exit 1
+        fi
+        echo "check OK: ${root:-/}: $(installed); drop-in wired (${#dropin_directives[@]} directives); systemd-analyze verify clean"
         ;;
 esac

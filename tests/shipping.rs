@@ -1,0 +1,451 @@
+//! What a node-image build gets (issue 14): the `.deb` that `cargo deb` makes, installed with the
+//! real `dpkg` into a scratch copy of a real Debian 12 root file system (systemd 252), and
+//! `units/install.sh --check` run on that tree, as an image pipeline would run it.
+//!
+//! The scratch root is an overlay: the root file system the systemd tests cache
+//! (`tests/systemd/build-rootfs.sh`) is the read-only lower layer, and every change (dpkg's, and
+//! the files these tests remove or break) lands in an upper directory of the test's own. The
+//! overlay is mounted only inside a private mount namespace of each command the tests run
+//! (`unshare --mount`), so no mount is ever visible on the host or outlives its command, even if
+//! the test is killed; `Drop` removes the directories. The host's dpkg database is never opened:
+//! `dpkg --root` uses the scratch root's own.
+//!
+//! The package is built once per `cargo deb` invocation in its own target directory
+//! (`target/shipping`, so a nested cargo never waits on the lock of the `cargo test` running us),
+//! under a file lock shared by the tests here; it is a no-op when nothing changed.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::{TempDir, require_root_and_tools};
+
+const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
+/// Where the systemd tests cache their Debian 12 root file system (see build-rootfs.sh).
+const ROOTFS: &str = "/var/cache/localdns-fallback-tests/rootfs-bookworm";
+/// The files the package must install, with their modes (the paths the units and LocalDNS use).
+const INSTALLED: [(&str, u32); 3] = [
+    ("opt/azure/containers/localdns/localdns-fallback", 0o755),
+    ("etc/systemd/system/localdns-fallback.service", 0o644),
+    (
+        "etc/systemd/system/localdns.service.d/50-localdns-fallback.conf",
+        0o644,
+    ),
+];
+const DROPIN: &str = "etc/systemd/system/localdns.service.d/50-localdns-fallback.conf";
+
+fn require() {
+    require_root_and_tools(&[
+        "cargo-deb",
+        "dpkg",
+        "dpkg-deb",
+        "unshare",
+        "mount",
+        "chroot",
+        "systemd-analyze",
+        "debootstrap",
+        "flock",
+        "git",
+    ]);
+}
+
+/// Runs `cmd`, returns its output; panics if it cannot be started.
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// Runs `cmd` and panics with its output unless it succeeds.
+fn run_ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `.deb`, built by `cargo deb` (the README's command) from this source tree.
+fn package() -> PathBuf {
+    let target = Path::new(MANIFEST_DIR).join("target/shipping");
+    fs::create_dir_all(&target).expect("create target/shipping");
+    let deb = target.join("localdns-fallback.deb");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    // flock: the tests of this file run as parallel processes and share one build.
+    run_ok(
+        Command::new("flock")
+            .arg(target.join("build.lock"))
+            .arg(cargo)
+            .args(["deb", "--locked", "--output"])
+            .arg(&deb)
+            .current_dir(MANIFEST_DIR)
+            .env("CARGO_TARGET_DIR", &target),
+    );
+    deb
+}
+
+/// Builds the cached Debian 12 root file system once (under build-rootfs.sh's own lock) if missing.
+fn ensure_rootfs() {
+    run_ok(
+        Command::new(Path::new(MANIFEST_DIR).join("tests/systemd/build-rootfs.sh"))
+            .arg("bookworm")
+            .arg(ROOTFS),
+    );
+}
+
+/// A writable scratch copy of a node image: Debian 12 with a stand-in `localdns.service` (the
+/// systemd tests' one, shaped like AKS's), as an image is before our package goes in.
+struct ScratchRoot {
+    dir: TempDir,
+}
+
+impl ScratchRoot {
+    fn new() -> ScratchRoot {
+        ensure_rootfs();
+        let dir = TempDir::new("ship");
+        for sub in ["upper", "work", "root"] {
+            fs::create_dir(dir.path().join(sub)).expect("create overlay directories");
+        }
+        let root = ScratchRoot { dir };
+        let standins = Path::new(MANIFEST_DIR).join("tests/systemd");
+        root.sh(
+            "install -m 0644 \"$1/localdns.service\" \"$1/localdns.slice\" \"$ROOT/etc/systemd/system/\" \
+             && install -D -m 0755 \"$1/localdns.sh\" \"$ROOT/opt/test/localdns.sh\"",
+            &[standins.to_str().expect("utf-8 path")],
+        )
+        .assert_ok();
+        root
+    }
+
+    /// The root as the commands see it (the overlay is mounted there only inside each command).
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// Runs a shell snippet with the overlay mounted at $ROOT, in a mount namespace of its own;
+    /// `args` are $1, $2, ...
+    fn sh(&self, script: &str, args: &[&str]) -> Ran {
+        let d = self.dir.path();
+        let options = format!(
+            "lowerdir={ROOTFS},upperdir={},workdir={}",
+            d.join("upper").display(),
+            d.join("work").display()
+        );
+        let wrapper =
+            format!("mount -t overlay overlay -o \"$OPTIONS\" \"$ROOT\" || exit 99\n{script}");
+        let out = run(Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "bash", "-c"])
+            .arg(wrapper)
+            .arg("scratch-root")
+            .args(args)
+            .env("ROOT", self.path())
+            .env("OPTIONS", options));
+        Ran {
+            what: script.to_owned(),
+            out,
+        }
+    }
+
+    fn dpkg_install(&self, deb: &Path) {
+        self.sh(
+            "dpkg --root=\"$ROOT\" --install \"$1\"",
+            &[deb.to_str().expect("utf-8 path")],
+        )
+        .assert_ok();
+    }
+
+    fn check(&self) -> Ran {
+        let script = Path::new(MANIFEST_DIR).join("units/install.sh");
+        self.sh(
+            "\"$1\" --check --root \"$ROOT\"",
+            &[script.to_str().expect("utf-8 path")],
+        )
+    }
+}
+
+/// A finished command's output, with what it was for messages.
+struct Ran {
+    what: String,
+    out: Output,
+}
+
+impl Ran {
+    fn text(&self) -> String {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&self.out.stdout),
+            String::from_utf8_lossy(&self.out.stderr)
+        )
+    }
+    fn assert_ok(&self) -> &Ran {
+        assert!(
+            self.out.status.success(),
+            "`{}` failed ({}):\n{}",
+            self.what,
+            self.out.status,
+            self.text()
+        );
+        self
+    }
+    /// Asserts the command failed (not merely could not mount: exit 99) and said `needle`.
+    fn assert_fails_naming(&self, needle: &str) {
+        let code = self.out.status.code();
+        assert!(
+            code != Some(0) && code != Some(99),
+            "`{}` should have failed naming {needle:?} ({}):\n{}",
+            self.what,
+            self.out.status,
+            self.text()
+        );
+        assert!(
+            self.text().contains(needle),
+            "`{}` failed but did not name {needle:?}:\n{}",
+            self.what,
+            self.text()
+        );
+    }
+}
+
+/// The short hash of HEAD, as `git rev-parse --short` prints it.
+fn head_commit() -> String {
+    run_ok(Command::new("git").args(["-C", MANIFEST_DIR, "rev-parse", "--short", "HEAD"]))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn the_package_installs_into_a_node_image_and_passes_the_check() {
+    require();
+    let deb = package();
+
+    // Nothing runs at install: the package has no maintainer scripts at all.
+    let info = run_ok(Command::new("dpkg-deb").arg("--info").arg(&deb));
+    for script in ["preinst", "postinst", "prerm", "postrm", "config"] {
+        assert!(
+            !info.contains(script),
+            "the package has a {script}:\n{info}"
+        );
+    }
+
+    let root = ScratchRoot::new();
+    root.dpkg_install(&deb);
+    let listed = root
+        .sh("dpkg --root=\"$ROOT\" --listfiles localdns-fallback", &[])
+        .assert_ok()
+        .text();
+    for (path, mode) in INSTALLED {
+        assert!(
+            listed.lines().any(|l| l == format!("/{path}")),
+            "dpkg does not list /{path}:\n{listed}"
+        );
+        let stat = root
+            .sh("stat -c %a \"$ROOT/$1\"", &[path])
+            .assert_ok()
+            .text();
+        assert_eq!(stat.trim(), format!("{mode:o}"), "mode of /{path}");
+    }
+
+    let checked = root.check();
+    checked.assert_ok();
+    assert!(checked.text().contains("check OK"), "{}", checked.text());
+
+    // The packaged binary runs on the image's own C library and names this commit.
+    let version = root
+        .sh("chroot \"$ROOT\" /$1 --version", &[INSTALLED[0].0])
+        .assert_ok()
+        .text();
+    assert!(
+        version.contains(&format!("(commit {}", head_commit())),
+        "{version}"
+    );
+
+    // Purging takes every file back out (the units are conffiles, so --remove alone keeps them).
+    root.sh("dpkg --root=\"$ROOT\" --purge localdns-fallback", &[])
+        .assert_ok();
+    for (path, _) in INSTALLED {
+        root.sh("! test -e \"$ROOT/$1\"", &[path]).assert_ok();
+    }
+    root.check().assert_fails_naming(&format!(
+        "missing: {}/{}",
+        root.path().display(),
+        INSTALLED[0].0
+    ));
+}
+
+#[test]
+fn the_check_names_a_removed_file_and_a_wrong_mode() {
+    require();
+    let deb = package();
+    let root = ScratchRoot::new();
+    root.dpkg_install(&deb);
+    root.check().assert_ok();
+
+    for (path, mode) in INSTALLED {
+        let full = format!("{}/{path}", root.path().display());
+        root.sh("mv \"$ROOT/$1\" \"$ROOT/$1.away\"", &[path])
+            .assert_ok();
+        root.check()
+            .assert_fails_naming(&format!("missing: {full}"));
+        root.sh("mv \"$ROOT/$1.away\" \"$ROOT/$1\"", &[path])
+            .assert_ok();
+
+        let wrong = if mode == 0o644 { "0600" } else { "0700" };
+        root.sh("chmod \"$2\" \"$ROOT/$1\"", &[path, wrong])
+            .assert_ok();
+        root.check()
+            .assert_fails_naming(&format!("wrong mode: {full} is {wrong}, must be 0{mode:o}"));
+        root.sh("chmod \"$2\" \"$ROOT/$1\"", &[path, &format!("{mode:o}")])
+            .assert_ok();
+    }
+    // A binary that is there but not executable is named as such.
+    root.sh("chmod 0644 \"$ROOT/$1\"", &[INSTALLED[0].0])
+        .assert_ok();
+    root.check().assert_fails_naming("not executable");
+    root.sh("chmod 0755 \"$ROOT/$1\"", &[INSTALLED[0].0])
+        .assert_ok();
+    root.check().assert_ok();
+}
+
+#[test]
+fn the_check_requires_every_directive_of_the_drop_in() {
+    require();
+    let deb = package();
+    let root = ScratchRoot::new();
+    root.dpkg_install(&deb);
+
+    // Every directive the drop-in in units/ has: removing any one of them from the installed
+    // drop-in must fail the check, naming it. So install.sh's list of directives cannot fall behind.
+    let source = fs::read_to_string(
+        Path::new(MANIFEST_DIR)
+            .join("units")
+            .join(DROPIN.trim_start_matches("etc/systemd/system/")),
+    )
+    .expect("read the drop-in");
+    let directives: Vec<&str> = source
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
+        .collect();
+    assert!(
+        directives.iter().any(|d| d.starts_with("OnFailure=")),
+        "the drop-in has no OnFailure=: {directives:?}"
+    );
+    for directive in directives {
+        root.sh(
+            "cp \"$ROOT/$1\" \"$ROOT/$1.orig\" && grep -vxF \"$2\" \"$ROOT/$1.orig\" >\"$ROOT/$1\"",
+            &[DROPIN, directive],
+        )
+        .assert_ok();
+        root.check().assert_fails_naming(directive);
+        root.sh("mv \"$ROOT/$1.orig\" \"$ROOT/$1\"", &[DROPIN])
+            .assert_ok();
+    }
+    root.check().assert_ok();
+}
+
+#[test]
+fn the_package_and_install_sh_install_the_same_files() {
+    require();
+    let deb = package();
+    let from_deb = TempDir::new("ship-deb");
+    run_ok(
+        Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(&deb)
+            .arg(from_deb.path()),
+    );
+    let from_script = TempDir::new("ship-script");
+    run_ok(
+        Command::new(Path::new(MANIFEST_DIR).join("units/install.sh"))
+            .arg("--binary")
+            .arg(env!("CARGO_BIN_EXE_localdns-fallback"))
+            .arg("--root")
+            .arg(from_script.path()),
+    );
+    // The package's own documentation (copyright) is Debian's business, not install.sh's.
+    let deb_files: Vec<(String, u32)> = files_with_modes(from_deb.path())
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with("usr/share/doc/"))
+        .collect();
+    let script_files = files_with_modes(from_script.path());
+    assert_eq!(
+        deb_files, script_files,
+        "the .deb and units/install.sh differ"
+    );
+    let expected: Vec<(String, u32)> = {
+        let mut v: Vec<_> = INSTALLED.iter().map(|(p, m)| (p.to_string(), *m)).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(deb_files, expected);
+    // The units are the repository's, byte for byte.
+    for (path, _) in &INSTALLED[1..] {
+        assert_eq!(
+            fs::read(from_deb.path().join(path)).expect("read the packaged unit"),
+            fs::read(from_script.path().join(path)).expect("read the installed unit"),
+            "{path}"
+        );
+    }
+    // And the check sees a tree with no OS in it for what it is: no systemd to verify with.
+    let out = run(
+        Command::new(Path::new(MANIFEST_DIR).join("units/install.sh"))
+            .arg("--check")
+            .arg("--root")
+            .arg(from_script.path()),
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("systemd-analyze verify"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every regular file under `dir` (relative path, permission bits), sorted.
+fn files_with_modes(dir: &Path) -> Vec<(String, u32)> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, u32)>) {
+        for entry in fs::read_dir(dir).expect("read dir") {
+            let path = entry.expect("dir entry").path();
+            let meta = fs::symlink_metadata(&path).expect("stat");
+            if meta.is_dir() {
+                walk(base, &path, out);
+            } else {
+                let rel = path.strip_prefix(base).expect("under base");
+                out.push((
+                    rel.display().to_string(),
+                    meta.permissions().mode() & 0o7777,
+                ));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn version_names_the_commit_of_head() {
+    let out = run_ok(Command::new(env!("CARGO_BIN_EXE_localdns-fallback")).arg("--version"));
+    let head = head_commit();
+    let clean = format!(
+        "localdns-fallback {} (commit {head})",
+        env!("CARGO_PKG_VERSION")
+    );
+    // "-dirty" is decided when the binary is built; the tree may have changed since.
+    let dirty = format!(
+        "localdns-fallback {} (commit {head}-dirty)",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(
+        out.trim() == clean || out.trim() == dirty,
+        "--version says {out:?}, HEAD is {head}"
+    );
+}
