@@ -161,7 +161,7 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
         o,
         "localdns_fallback_upstream_failures_total",
         "counter",
-        "Tries at each upstream that timed out or could not be sent.",
+        "Tries at each upstream that timed out, could not be sent, were refused by the network or got an error reply (SERVFAIL, REFUSED, NOTIMP).",
     );
     for (k, s) in &upstreams {
         let _ = writeln!(

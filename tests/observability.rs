@@ -153,11 +153,18 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
         )),
         4.0
     );
+    // The SERVFAIL is a failed try, not an accepted reply: it is not in the latency histogram.
     assert_eq!(
         delta(&format!(
             "localdns_fallback_upstream_duration_seconds_count{upstream}"
         )),
-        4.0
+        3.0
+    );
+    assert_eq!(
+        delta(&format!(
+            "localdns_fallback_upstream_failures_total{upstream}"
+        )),
+        1.0
     );
     let node_up = format!("{{group=\"node\",upstream=\"{}\"}}", r.up.sock_v4());
     assert_eq!(

@@ -81,6 +81,13 @@ pub enum Mode {
         answer_v4: Ipv4Addr,
         delay: Duration,
     },
+    /// Every query (UDP and TCP) answered with this RCODE and the question alone: CoreDNS's
+    /// REFUSED when its `max_concurrent` overflows, a backend's SERVFAIL.
+    Rcode { code: u8 },
+    /// The first `n` UDP queries are lost; the rest answered as Normal (a lossy path).
+    DropFirst { answer_v4: Ipv4Addr, n: usize },
+    /// UDP answered as Normal; TCP connections accepted and never answered.
+    TcpSilent { answer_v4: Ipv4Addr },
 }
 
 /// A running responder; dropping it stops and joins all its threads.
@@ -176,6 +183,7 @@ impl Responder {
                 mode: mode.clone(),
                 stop: Arc::clone(&stop),
                 count: Arc::clone(&udp_count),
+                seen: Arc::default(),
                 workers: Arc::clone(&workers),
             };
             std::thread::Builder::new()
@@ -188,6 +196,7 @@ impl Responder {
                 mode,
                 stop: Arc::clone(&stop),
                 count: Arc::clone(&tcp_count),
+                seen: Arc::default(),
                 workers: Arc::clone(&workers),
             };
             std::thread::Builder::new()
@@ -260,6 +269,8 @@ struct Ctx {
     mode: Mode,
     stop: Arc<AtomicBool>,
     count: Arc<AtomicUsize>,
+    /// Queries seen over the responder's whole life (`count` may be reset by a test).
+    seen: Arc<AtomicUsize>,
     workers: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
@@ -313,10 +324,19 @@ fn serve_udp(sock: Arc<UdpSocket>, spoof: Option<Arc<SpoofSockets>>, ctx: Ctx) {
             }
         };
         ctx.count.fetch_add(1, Ordering::SeqCst);
+        let seen = ctx.seen.fetch_add(1, Ordering::SeqCst) + 1;
         let query = &buf[..len];
         match &ctx.mode {
             Mode::Silent => {}
-            Mode::Normal { answer_v4 } => {
+            Mode::Rcode { code } => {
+                if let Some(reply) = rcode_reply(query, *code) {
+                    let _ = sock.send_to(&reply, src);
+                }
+            }
+            Mode::DropFirst { n, .. } if seen <= *n => {}
+            Mode::Normal { answer_v4 }
+            | Mode::DropFirst { answer_v4, .. }
+            | Mode::TcpSilent { answer_v4 } => {
                 if let Some(reply) = reply_bytes(query, *answer_v4, true) {
                     let _ = sock.send_to(&reply, src);
                 }
@@ -528,9 +548,11 @@ fn serve_tcp_conn(mut stream: TcpStream, ctx: &Ctx) {
 
 fn tcp_reply(query: &[u8], ctx: &Ctx) -> Option<Vec<u8>> {
     match &ctx.mode {
-        Mode::Silent => None,
+        Mode::Silent | Mode::TcpSilent { .. } => None,
+        Mode::Rcode { code } => rcode_reply(query, *code),
         Mode::Garbage => Some(random_frame()),
         Mode::Normal { answer_v4 }
+        | Mode::DropFirst { answer_v4, .. }
         | Mode::Oversize { answer_v4 }
         | Mode::Spoof { answer_v4, .. } => reply_bytes(query, *answer_v4, false),
         Mode::Delay { answer_v4, delay } => {
@@ -556,6 +578,24 @@ fn reply_bytes(query: &[u8], answer_v4: Ipv4Addr, truncate: bool) -> Option<Vec<
     }
     let limit = truncate.then(|| usize::from(msg.max_payload()));
     encode(&build_reply(&msg, answer_v4), limit)
+}
+
+/// The query's header and question with QR and `code` set and nothing else: an error reply.
+fn rcode_reply(query: &[u8], code: u8) -> Option<Vec<u8>> {
+    let msg = Message::from_vec(query).ok()?;
+    if msg.message_type() == MessageType::Response || msg.queries().len() != 1 {
+        return formerr(query);
+    }
+    let mut reply = Message::new();
+    reply
+        .set_id(msg.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(msg.op_code())
+        .set_recursion_desired(msg.recursion_desired())
+        .set_recursion_available(true)
+        .set_response_code(hickory_proto::op::ResponseCode::from_low(code))
+        .add_query(msg.queries()[0].clone());
+    reply.to_vec().ok()
 }
 
 /// A header-only FORMERR for a datagram that does not parse, if it is long

@@ -1,0 +1,390 @@
+//! Upstream trouble must cost clients little: two kube-dns backends in their own namespaces, one
+//! of them misbehaving (refusing, failing, closed port, black hole, lossy, slow, a TCP side that
+//! never answers), and the real binary between them and a client in the node namespace. The
+//! functional deadlines here are far below a client's 5 s timeout and below one 1 s try; the
+//! latency figures the README reports come from `loadtest/run.sh`, not from these asserts.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::*;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::{RData, RecordType};
+
+const CLUSTER: &str = "169.254.10.11:53";
+const GOOD_ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const OTHER_ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+/// Well under one `--upstream-timeout` (1 s): nobody waited out a try.
+const NO_TRY_WASTED: Duration = Duration::from_millis(700);
+
+/// Fields drop in this order: the forwarder first, the namespaces last.
+struct TwoBackends {
+    fwd: Forwarder,
+    good: Responder,
+    /// `None`: nothing listens on the bad backend's port (the kernel answers ICMP).
+    bad: Option<Responder>,
+    bad_up: Upstream,
+    _good_up: Upstream,
+    topo: Topology,
+}
+
+impl TwoBackends {
+    fn start(bad: Option<Mode>, extra: &[&str]) -> TwoBackends {
+        require_root_and_tools(&["ip"]);
+        let topo = Topology::new();
+        let good_up = topo.add_upstream_ns(true, false);
+        let bad_up = topo.add_upstream_ns(true, false);
+        let good = Responder::start(
+            &good_up.ns,
+            good_up.sock_v4(),
+            Mode::Normal {
+                answer_v4: GOOD_ANSWER,
+            },
+        );
+        let bad = bad.map(|mode| Responder::start(&bad_up.ns, bad_up.sock_v4(), mode));
+        let mut args: Vec<String> = vec![
+            "--node-upstream".into(),
+            good_up.sock_v4().to_string(),
+            "--cluster-upstream".into(),
+            bad_up.sock_v4().to_string(),
+            "--cluster-upstream".into(),
+            good_up.sock_v4().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let fwd = Forwarder::spawn(&topo.node, &args);
+        fwd.wait_ready(
+            &topo.node,
+            CLUSTER.parse().unwrap(),
+            Duration::from_secs(10),
+        );
+        TwoBackends {
+            fwd,
+            good,
+            bad,
+            bad_up,
+            _good_up: good_up,
+            topo,
+        }
+    }
+
+    /// One UDP query to the cluster listener: its RCODE and A records, and how long it took.
+    fn ask(&self, name: &str) -> (Option<(ResponseCode, Vec<Ipv4Addr>)>, Duration) {
+        let q = make_query(name, RecordType::A, 0x4242, None);
+        let started = Instant::now();
+        let reply = udp_exchange(
+            &self.topo.node,
+            CLUSTER.parse().unwrap(),
+            &q,
+            Duration::from_secs(4),
+        );
+        let took = started.elapsed();
+        let parsed = reply.and_then(|r| parse_message(&r)).map(|m| {
+            let addrs = m
+                .answers()
+                .iter()
+                .filter_map(|r| match r.data() {
+                    RData::A(a) => Some(a.0),
+                    _ => None,
+                })
+                .collect();
+            (m.response_code(), addrs)
+        });
+        (parsed, took)
+    }
+
+    /// `n` distinct names, one every `gap`: each must be answered NOERROR with the good
+    /// backend's address. Returns the latencies, sorted.
+    fn all_good(&self, tag: &str, n: usize, gap: Duration) -> Vec<Duration> {
+        let mut took = Vec::with_capacity(n);
+        for i in 0..n {
+            let name = format!("{tag}{i}.svc.cluster.local");
+            let (reply, t) = self.ask(&name);
+            let Some((code, addrs)) = reply else {
+                panic!("{name}: no reply in {t:?}; logs:\n{}", self.fwd.logs());
+            };
+            assert_eq!(code, ResponseCode::NoError, "{name} after {t:?}");
+            assert_eq!(addrs, [GOOD_ANSWER], "{name}");
+            took.push(t);
+            std::thread::sleep(gap);
+        }
+        took.sort();
+        took
+    }
+}
+
+fn pct(sorted: &[Duration], p: usize) -> Duration {
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+#[test]
+fn a_refusing_or_failing_backend_costs_no_lookup() {
+    for code in [5u8, 2] {
+        let t = TwoBackends::start(Some(Mode::Rcode { code }), &[]);
+        let took = t.all_good(&format!("rc{code}-"), 40, Duration::from_millis(5));
+        eprintln!(
+            "rcode {code}: p50 {:?} p99 {:?} max {:?}",
+            pct(&took, 50),
+            pct(&took, 99),
+            took[took.len() - 1]
+        );
+        assert!(
+            took[took.len() - 1] < NO_TRY_WASTED,
+            "slowest {:?}",
+            took[took.len() - 1]
+        );
+        let bad = t.bad.as_ref().expect("a bad responder").queries();
+        assert!(bad >= 1, "the bad backend was asked");
+        assert!(
+            bad < 40,
+            "and learned about: asked {bad} times for 40 queries"
+        );
+    }
+}
+
+#[test]
+fn a_closed_port_backend_costs_milliseconds_not_a_try() {
+    let t = TwoBackends::start(None, &[]);
+    let took = t.all_good("closed-", 60, Duration::from_millis(20));
+    eprintln!(
+        "closed port: p50 {:?} p99 {:?} max {:?}",
+        pct(&took, 50),
+        pct(&took, 99),
+        took[took.len() - 1]
+    );
+    assert!(
+        took[took.len() - 1] < NO_TRY_WASTED,
+        "slowest {:?}",
+        took[took.len() - 1]
+    );
+    assert!(
+        t.fwd
+            .wait_for_log("cannot be reached", Duration::from_secs(2)),
+        "the ICMP error is logged against the backend: {}",
+        t.fwd.logs()
+    );
+    let _ = &t.bad_up;
+}
+
+#[test]
+fn a_black_holed_backend_at_100_qps_gives_no_servfail_and_no_wasted_try() {
+    let t = TwoBackends::start(Some(Mode::Silent), &[]);
+    let took = t.all_good("hole-", 200, Duration::from_millis(10));
+    eprintln!(
+        "black hole: p50 {:?} p99 {:?} max {:?}",
+        pct(&took, 50),
+        pct(&took, 99),
+        took[took.len() - 1]
+    );
+    assert!(
+        took[took.len() - 1] < NO_TRY_WASTED,
+        "slowest {:?}",
+        took[took.len() - 1]
+    );
+    assert!(
+        t.fwd.wait_for_log("timed out", Duration::from_secs(3)),
+        "the silent backend is found out although hedges answered for it"
+    );
+}
+
+#[test]
+fn a_few_lost_packets_do_not_demote_a_backend_for_long() {
+    // Both backends answer; the second loses its first query.
+    let t = TwoBackends::start(
+        Some(Mode::DropFirst {
+            answer_v4: OTHER_ANSWER,
+            n: 1,
+        }),
+        &[],
+    );
+    for i in 0..10 {
+        let (reply, took) = t.ask(&format!("lossy{i}.svc.cluster.local"));
+        let (code, _) = reply.expect("answered");
+        assert_eq!(code, ResponseCode::NoError);
+        assert!(took < NO_TRY_WASTED, "lossy{i} took {took:?}");
+    }
+    // Its lost try times out after a second and makes it suspect; the next probe is answered,
+    // and it takes its share again.
+    std::thread::sleep(Duration::from_millis(1500));
+    let bad = t.bad.as_ref().unwrap();
+    bad.reset_counts();
+    let before_good = t.good.queries();
+    for i in 0..60 {
+        let _ = t.ask(&format!("after{i}.svc.cluster.local"));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (to_bad, to_good) = (bad.queries(), t.good.queries() - before_good);
+    eprintln!("after the losses: {to_bad} to the lossy backend, {to_good} to the other");
+    assert!(
+        to_bad >= 15,
+        "back in rotation: {to_bad} of 60 (other: {to_good})"
+    );
+}
+
+#[test]
+fn a_backend_200ms_slower_gets_a_small_share() {
+    let t = TwoBackends::start(
+        Some(Mode::Delay {
+            answer_v4: OTHER_ANSWER,
+            delay: Duration::from_millis(200),
+        }),
+        &[],
+    );
+    // Warm up: each backend answers a few times, so both RTTs are known.
+    for i in 0..10 {
+        let _ = t.ask(&format!("warm{i}.svc.cluster.local"));
+    }
+    let mut took = Vec::new();
+    for i in 0..100 {
+        let (reply, t1) = t.ask(&format!("slow{i}.svc.cluster.local"));
+        assert_eq!(reply.expect("answered").0, ResponseCode::NoError);
+        took.push(t1);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    took.sort();
+    eprintln!(
+        "slow backend: p50 {:?} p90 {:?} p99 {:?}",
+        pct(&took, 50),
+        pct(&took, 90),
+        pct(&took, 99)
+    );
+    assert!(
+        pct(&took, 90) < Duration::from_millis(150),
+        "p90 {:?}",
+        pct(&took, 90)
+    );
+}
+
+#[test]
+fn stale_answers_come_within_2s_then_at_once_while_every_upstream_is_down() {
+    require_root_and_tools(&["ip"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let normal = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Normal {
+            answer_v4: GOOD_ANSWER,
+        },
+    );
+    let upstream = up.sock_v4().to_string();
+    let fwd = Forwarder::spawn(
+        &topo.node,
+        &[
+            "--node-upstream".into(),
+            upstream.clone(),
+            "--cluster-upstream".into(),
+            upstream,
+            "--cache-min-ttl".into(),
+            "0".into(),
+        ],
+    );
+    let cluster: SocketAddr = CLUSTER.parse().unwrap();
+    fwd.wait_ready(&topo.node, cluster, Duration::from_secs(10));
+    let ask = || {
+        let q = make_query("ttl1.stale.svc.cluster.local", RecordType::A, 7, None);
+        let started = Instant::now();
+        let reply = udp_exchange(&topo.node, cluster, &q, Duration::from_secs(4));
+        let msg = reply.and_then(|r| parse_message(&r)).expect("answered");
+        (msg.response_code(), msg.answers().len(), started.elapsed())
+    };
+    assert_eq!(ask().0, ResponseCode::NoError);
+    // The upstream goes dark (a black hole: it stops answering but the port stays bound).
+    drop(normal);
+    let _silent = Responder::start(&up.ns, up.sock_v4(), Mode::Silent);
+    std::thread::sleep(Duration::from_millis(1200)); // the TTL of 1 s has run out
+    let (code, answers, first) = ask();
+    assert_eq!(
+        (code, answers),
+        (ResponseCode::NoError, 1),
+        "a stale answer"
+    );
+    assert!(
+        first < Duration::from_millis(2300),
+        "the first stale answer took {first:?}"
+    );
+    assert!(
+        first >= Duration::from_millis(1700),
+        "at the client-response timer: {first:?}"
+    );
+    for _ in 0..5 {
+        let (code, answers, next) = ask();
+        assert_eq!((code, answers), (ResponseCode::NoError, 1));
+        assert!(
+            next < Duration::from_millis(300),
+            "later stale answers at once: {next:?}"
+        );
+    }
+}
+
+#[test]
+fn tcp_clients_piling_on_a_silent_tcp_upstream_cannot_starve_the_process_of_descriptors() {
+    let t = TwoBackends::start(
+        Some(Mode::TcpSilent {
+            answer_v4: GOOD_ANSWER,
+        }),
+        &["--upstream-timeout", "2s", "--query-timeout", "2500ms"],
+    );
+    // systemd's default soft limit for a service.
+    let pid = t.fwd.pid().to_string();
+    let out = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, "--nofile=1024:1024"])
+        .output()
+        .expect("prlimit (util-linux)");
+    assert!(
+        out.status.success(),
+        "prlimit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 250 clients, 4 pipelined queries each: their TCP tries go to both backends, and the ones
+    // at the silent TCP side stay open until their budget ends.
+    let node = &t.topo.node;
+    let cluster: SocketAddr = CLUSTER.parse().unwrap();
+    let streams: Vec<std::net::TcpStream> = node.enter(|| {
+        (0..250)
+            .filter_map(|c| {
+                let mut s = std::net::TcpStream::connect(cluster).ok()?;
+                let mut frames = Vec::new();
+                for k in 0..4 {
+                    let q = make_query(
+                        &format!("t{c}-{k}.svc.cluster.local"),
+                        RecordType::A,
+                        k,
+                        None,
+                    );
+                    frames.extend_from_slice(&(q.len() as u16).to_be_bytes());
+                    frames.extend_from_slice(&q);
+                }
+                std::io::Write::write_all(&mut s, &frames).ok()?;
+                Some(s)
+            })
+            .collect()
+    });
+    assert!(
+        streams.len() >= 240,
+        "{} TCP clients connected",
+        streams.len()
+    );
+    // Meanwhile everyone else still gets answers.
+    let took = t.all_good("udp-", 30, Duration::from_millis(20));
+    assert!(
+        took[took.len() - 1] < Duration::from_secs(2),
+        "slowest {:?}",
+        took[took.len() - 1]
+    );
+    assert!(t.fwd.is_running());
+    // Running short of descriptors is our own trouble: it never makes the backend that answers
+    // suspect.
+    let good = t._good_up.sock_v4().to_string();
+    let logs = t.fwd.logs();
+    let blamed: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("trying other upstreams first") && l.contains(&good))
+        .collect();
+    assert!(
+        blamed.is_empty(),
+        "the answering backend was blamed: {blamed:?}"
+    );
+    drop(streams);
+}
