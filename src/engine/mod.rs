@@ -21,12 +21,14 @@
 //! acceptable answer wins. When nothing is left to try: a stale cached answer, else the error an
 //! upstream gave, else SERVFAIL.
 
+mod answers;
 mod boundary;
 mod outbox;
 mod pending;
 pub mod route;
 #[cfg(test)]
 mod tests;
+mod tries;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -34,18 +36,18 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
-use crate::answer;
 use crate::cache::{Cache, Key};
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 use crate::stats::ListenerStats;
 use crate::upstream::UpstreamSets;
 use crate::wire::{self, rcode};
+use answers::{deliver, lock, reply_limit};
 pub use boundary::{Client, ConnId, Dest, Event, Failure, Leg, Outcome, Settings, Transmit, Via};
 use outbox::Outbox;
-use pending::{Asker, MAX_TRIES, Orphan, Pending, Slot, Timer, TimerKind, Try, TryKey};
+use pending::{Asker, MAX_TRIES, Orphan, Pending, Slot, Timer, TimerKind, TryKey};
 use route::Decision;
 
 /// Identical queries that may wait on one upstream query; more start their own.
@@ -303,6 +305,7 @@ impl Engine {
             hedged: false,
             stale_served: false,
             error_reply: None,
+            refetch: None,
         };
         let slot = self.allocate(pending);
         let generation = self.slots[slot as usize].generation;
@@ -360,6 +363,23 @@ impl Engine {
         }
         let group = p.group;
         let (sent, live) = p.tries[try_no].map_or((now, false), |t| (t.sent, t.live));
+        // We advertise at most 1232 bytes upstream, so the UDP leg never needs fragments; an
+        // asker that takes more gets the whole answer fetched over TCP instead of a cut one.
+        let wants_more = p
+            .askers()
+            .any(|(client, _, q)| reply_limit(client, q) > usize::from(wire::OUR_EDNS_SIZE));
+        if wire::is_truncated(packet)
+            && matches!(via, Via::Udp { .. })
+            && wants_more
+            && p.ntries < MAX_TRIES
+            && now < p.deadline
+        {
+            self.end_try(slot, try_no, false);
+            self.note_reply(group, from, now.saturating_duration_since(sent), live);
+            self.pending_mut(slot).refetch = Some(from);
+            self.next_try(slot, now);
+            return;
+        }
         self.end_try(slot, try_no, false);
         if matches!(code, rcode::SERVFAIL | rcode::REFUSED | rcode::NOTIMP) || !has_question {
             // Errors are not answers: another upstream may resolve it.
@@ -508,69 +528,6 @@ impl Engine {
         }
     }
 
-    fn try_timed_out(&mut self, slot: u32, try_no: usize, now: Instant) {
-        let p = self.pending(slot);
-        let Some(t) = p.tries[try_no].filter(|t| t.live) else {
-            return;
-        };
-        let (group, latest) = (p.group, try_no + 1 == p.ntries);
-        self.end_try(slot, try_no, true);
-        self.note_failure(group, t.leg.to, Failure::TimedOut);
-        // An earlier try that runs out while a later one is out just ends; the later one's own
-        // timer moves the query on.
-        if latest || self.pending(slot).live_tries() == 0 {
-            self.next_try(slot, now);
-        }
-    }
-
-    fn hedge(&mut self, slot: u32, try_no: usize, now: Instant) {
-        let p = self.pending(slot);
-        let still_out = p.tries[try_no].is_some_and(|t| t.live);
-        if p.hedged || !still_out || try_no + 1 != p.ntries || p.ntries == MAX_TRIES {
-            return;
-        }
-        let probe = self.pending(slot).tries[try_no]
-            .is_some_and(|t| self.upstreams.get(p.group).is_suspect(t.leg.to));
-        // Hedges of probes are free (probes are few); the rest are paid for from the budget.
-        if !probe {
-            if self.hedge_tokens < HEDGE_COST {
-                return;
-            }
-            self.hedge_tokens -= HEDGE_COST;
-        }
-        self.pending_mut(slot).hedged = true;
-        self.next_try(slot, now);
-    }
-
-    fn stale_timer(&mut self, slot: u32, now: Instant) {
-        let p = self.pending(slot);
-        let Some(key) = p.key.clone().filter(|_| p.has_askers() && !p.stale_served) else {
-            return;
-        };
-        if !self.lookup(&key, now, true) {
-            return;
-        }
-        let mut p = self.slots[slot as usize].pending.take().expect("checked");
-        let askers = p.askers().count();
-        self.stats.stale.fetch_add(askers as u64, RELAXED);
-        self.events
-            .push_back(Event::ServedStale { answers: askers });
-        for (client, query, q) in p.askers() {
-            deliver(
-                &mut self.outbox,
-                &mut self.scratch,
-                &self.answer,
-                client,
-                query,
-                q,
-            );
-        }
-        p.client = None;
-        p.followers.clear();
-        p.stale_served = true;
-        self.slots[slot as usize].pending = Some(p);
-    }
-
     fn pending(&self, slot: u32) -> &Pending {
         self.slots[slot as usize]
             .pending
@@ -584,316 +541,6 @@ impl Engine {
             .as_mut()
             .expect("a live slot")
     }
-
-    /// The query and try index a leg belongs to, while a reply to it would still be taken.
-    fn find_try(&self, leg: &Leg) -> Option<(u32, usize)> {
-        let &(slot, generation) = self.keys.get(&TryKey::of(leg))?;
-        let entry = &self.slots[slot as usize];
-        let p = entry
-            .pending
-            .as_ref()
-            .filter(|_| entry.generation == generation)?;
-        Some((slot, p.try_index(leg)?))
-    }
-
-    /// A try is over, however it ended. A try that only ran out of time keeps its key: its
-    /// late reply is still a good answer.
-    fn end_try(&mut self, slot: u32, try_no: usize, may_still_answer: bool) {
-        let p = self.pending_mut(slot);
-        if let Some(t) = p.tries[try_no].as_mut() {
-            t.live = false;
-            if !may_still_answer {
-                let key = TryKey::of(&t.leg);
-                self.keys.remove(&key);
-            }
-        }
-    }
-
-    /// `live`: the try was still counted as outstanding (not already ended by its timeout).
-    fn note_reply(
-        &mut self,
-        group: UpstreamGroup,
-        upstream: SocketAddr,
-        took: Duration,
-        live: bool,
-    ) {
-        if self.upstreams.get(group).note_reply(upstream, took, live) {
-            self.events
-                .push_back(Event::UpstreamRecovered { group, upstream });
-        }
-    }
-
-    /// A try that was still outstanding failed.
-    fn note_failure(&mut self, group: UpstreamGroup, upstream: SocketAddr, failure: Failure) {
-        self.note_error(group, upstream, failure, true);
-    }
-
-    /// A failure of `upstream`; `live` when it ended a try still counted as outstanding.
-    fn note_error(
-        &mut self,
-        group: UpstreamGroup,
-        upstream: SocketAddr,
-        failure: Failure,
-        live: bool,
-    ) {
-        let set = self.upstreams.get(group);
-        if set.note_failure_of(upstream, failure.blames_upstream(), live) {
-            self.events.push_back(Event::UpstreamSuspect {
-                group,
-                upstream,
-                failure,
-            });
-        }
-    }
-
-    fn allocate(&mut self, pending: Pending) -> u32 {
-        self.inflight += 1;
-        if let Some(slot) = self.free.pop() {
-            self.slots[slot as usize].pending = Some(pending);
-            return slot;
-        }
-        self.slots.push(Slot {
-            generation: 0,
-            pending: Some(pending),
-        });
-        (self.slots.len() - 1) as u32
-    }
-
-    /// Frees a query's slot; tries still out become orphans, awaited for the health they tell.
-    fn release(&mut self, slot: u32, now: Instant) -> Option<Pending> {
-        let entry = &mut self.slots[slot as usize];
-        let pending = entry.pending.take()?;
-        entry.generation = entry.generation.wrapping_add(1);
-        for t in pending.tries.iter().flatten() {
-            let key = TryKey::of(&t.leg);
-            self.keys.remove(&key);
-            if !t.live {
-                continue;
-            }
-            let deadline = (t.sent + self.settings.upstream_timeout).max(now);
-            if self.orphans.len() < 4 * self.settings.max_inflight {
-                let orphan = Orphan {
-                    group: pending.group,
-                    sent: t.sent,
-                    deadline,
-                };
-                self.orphans.insert(key, orphan);
-                self.orphan_timers.push(Reverse((deadline, key)));
-            } else {
-                self.upstreams
-                    .get(pending.group)
-                    .note_failure(t.leg.to, false);
-            }
-        }
-        if let Some(key) = &pending.key {
-            self.waiting.remove(&(key.clone(), pending.transport));
-        }
-        self.free.push(slot);
-        self.inflight -= 1;
-        Some(pending)
-    }
-
-    /// Sends the query's next try, if it has time and an upstream left to try; when it has
-    /// neither and no try is still out, the query ends.
-    fn next_try(&mut self, slot: u32, now: Instant) {
-        loop {
-            let generation = self.slots[slot as usize].generation;
-            let p = self.pending(slot);
-            let (group, transport) = (p.group, p.transport);
-            let choice = if p.ntries < MAX_TRIES && now < p.deadline {
-                let (tried, excluded) = p.tried_and_excluded();
-                self.upstreams
-                    .get(group)
-                    .choose(p.start, &tried, &excluded, now)
-            } else {
-                None
-            };
-            let Some(choice) = choice else {
-                if self.pending(slot).live_tries() == 0 {
-                    self.give_up(slot, now);
-                }
-                return;
-            };
-            let set = self.upstreams.get(group).clone();
-            let via = match transport {
-                Transport::Udp => Via::Udp {
-                    socket: self
-                        .rng
-                        .random_range(0..self.settings.udp_sockets_per_upstream.max(1)),
-                },
-                Transport::Tcp => Via::Tcp,
-            };
-            let leg = self.free_leg(via, choice.addr);
-            let upstream_timeout = self.settings.upstream_timeout;
-            let p = self.slots[slot as usize]
-                .pending
-                .as_mut()
-                .expect("a live slot");
-            let try_no = p.ntries;
-            p.ntries += 1;
-            let Some(leg) = leg else {
-                // Every ID drawn is in use: our own limit, not the upstream's.
-                continue;
-            };
-            p.tries[try_no] = Some(Try {
-                leg,
-                sent: now,
-                live: true,
-                errored: false,
-            });
-            let timeout = (now + upstream_timeout).min(p.deadline);
-            let hedge_at = (!p.hedged && p.ntries < MAX_TRIES).then(|| {
-                let delay = if choice.probe {
-                    HEDGE_FLOOR
-                } else {
-                    set.hedge_delay(choice.addr, HEDGE_FLOOR, upstream_timeout, HEDGE_UNKNOWN)
-                };
-                now + delay
-            });
-            self.outbox.push_with(Dest::Upstream(leg), |out| {
-                answer::upstream_query(&p.query, &p.q, leg.id, out);
-            });
-            self.keys.insert(TryKey::of(&leg), (slot, generation));
-            let timer = |at, kind| {
-                Reverse(Timer {
-                    at,
-                    slot,
-                    generation,
-                    try_no,
-                    kind,
-                })
-            };
-            self.timers.push(timer(timeout, TimerKind::TryTimeout));
-            if let Some(at) = hedge_at.filter(|at| *at < timeout) {
-                self.timers.push(timer(at, TimerKind::Hedge));
-            }
-            set.note_sent(choice.addr);
-            return;
-        }
-    }
-
-    /// A leg with a query ID not in use on that socket (UDP) or to that upstream (TCP).
-    fn free_leg(&mut self, via: Via, to: SocketAddr) -> Option<Leg> {
-        (0..ID_DRAWS).find_map(|_| {
-            let leg = Leg {
-                via,
-                to,
-                id: self.rng.random(),
-            };
-            let key = TryKey::of(&leg);
-            (!self.keys.contains_key(&key) && !self.orphans.contains_key(&key)).then_some(leg)
-        })
-    }
-
-    /// Nothing is left to try: a stale answer if the cache has one (RFC 8767), else the error an
-    /// upstream answered, else SERVFAIL.
-    fn give_up(&mut self, slot: u32, now: Instant) {
-        let Some(p) = self.release(slot, now) else {
-            return;
-        };
-        if let Some(key) = &p.key {
-            if self.recheck.len() >= RECHECK_CAP {
-                let keep = self.settings.stale_recheck;
-                self.recheck
-                    .retain(|_, t| now.saturating_duration_since(*t) < keep);
-                if self.recheck.len() >= RECHECK_CAP {
-                    self.recheck.clear();
-                }
-            }
-            self.recheck.insert(key.clone(), now);
-        }
-        if !p.has_askers() {
-            return;
-        }
-        if let Some(key) = &p.key {
-            if self.lookup(key, now, true) {
-                let answers = p.askers().count();
-                self.stats.stale.fetch_add(answers as u64, RELAXED);
-                self.events.push_back(Event::ServedStale { answers });
-                for (client, query, q) in p.askers() {
-                    deliver(
-                        &mut self.outbox,
-                        &mut self.scratch,
-                        &self.answer,
-                        client,
-                        query,
-                        q,
-                    );
-                }
-                return;
-            }
-        }
-        for (client, query, q) in p.askers() {
-            match &p.error_reply {
-                Some(reply) => {
-                    deliver(&mut self.outbox, &mut self.scratch, reply, client, query, q)
-                }
-                None => {
-                    wire::local_reply(query, q, rcode::SERVFAIL, &mut self.scratch);
-                    self.outbox.push(Dest::Client(client), &self.scratch);
-                }
-            }
-        }
-    }
-
-    /// Copies a fresh (or, with `stale`, an expired but servable) cached answer into
-    /// `self.answer`.
-    fn lookup(&mut self, key: &Key, now: Instant, stale: bool) -> bool {
-        let Some(cache) = &self.cache else {
-            return false;
-        };
-        let mut cache = lock(cache);
-        if stale {
-            cache.get_stale(key, now, &mut self.answer)
-        } else {
-            cache.get_fresh(key, now, &mut self.answer)
-        }
-    }
-
-    fn deliver_answer(&mut self, client: Client, query: &[u8], q: &wire::Query) {
-        deliver(
-            &mut self.outbox,
-            &mut self.scratch,
-            &self.answer,
-            client,
-            query,
-            q,
-        );
-    }
-
-    /// The stale answer in `self.answer`, to one client now.
-    fn serve_stale_to(&mut self, client: Client, query: &[u8], q: &wire::Query) {
-        self.stats.stale.fetch_add(1, RELAXED);
-        self.events.push_back(Event::ServedStale { answers: 1 });
-        self.deliver_answer(client, query, q);
-    }
-}
-
-/// Queues `reply` for a client as the answer to its own query: its ID, its spelling of the
-/// question, and cut to fit what it can take.
-fn deliver(
-    outbox: &mut Outbox,
-    scratch: &mut Vec<u8>,
-    reply: &[u8],
-    client: Client,
-    query: &[u8],
-    q: &wire::Query,
-) {
-    let limit = match client {
-        Client::Udp(_) => usize::from(q.udp_size),
-        Client::Tcp(_) => TCP_MAX_MESSAGE,
-    };
-    outbox.push_with(Dest::Client(client), |out| {
-        answer::for_asker(reply, query, q, limit, out, scratch);
-    });
 }
 
 const RELAXED: std::sync::atomic::Ordering = std::sync::atomic::Ordering::Relaxed;
-
-/// A poisoned lock only means another thread panicked mid-update of plain data; the cache is
-/// still usable, and DNS service matters more than the entry that thread was writing.
-fn lock(cache: &Mutex<Cache>) -> std::sync::MutexGuard<'_, Cache> {
-    cache
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}

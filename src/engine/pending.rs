@@ -56,6 +56,9 @@ pub struct Pending {
     pub stale_served: bool,
     /// The first error reply an upstream gave: passed on if every upstream gives one.
     pub error_reply: Option<Box<[u8]>>,
+    /// An upstream truncated its UDP answer that an asker could take bigger: the next try
+    /// fetches it from that upstream over TCP.
+    pub refetch: Option<SocketAddr>,
 }
 
 impl Pending {

@@ -838,3 +838,38 @@ fn stale_answers_come_at_the_client_response_timer_then_at_once_while_failing() 
     assert_eq!(ttl, &60u32.to_be_bytes(), "a fresh answer from the cache");
     assert_eq!(rig.engine.inflight(), 0);
 }
+
+#[test]
+fn a_truncated_udp_answer_is_fetched_over_tcp_for_an_asker_that_takes_more() {
+    let mut rig = Rig::new(
+        Transport::Udp,
+        ListenerRole::Cluster,
+        vec![],
+        vec![up(1), up(2)],
+    );
+    rig.query(&query(1, "big.svc", Some(4096)), 0);
+    let (leg, sent) = rig.last_upstream();
+    let mut tc = reply(&sent, false, 0);
+    tc[2] |= 0x02;
+    rig.reply_at(leg, tc, leg.to, 1);
+    assert!(rig.to_client().is_empty(), "not passed on cut");
+    let (again, sent2) = rig.last_upstream();
+    assert_eq!(
+        (again.via, again.to),
+        (Via::Tcp, leg.to),
+        "the same upstream, over TCP"
+    );
+    rig.reply_at(again, reply(&sent2, false, 3000), again.to, 2);
+    let answers = rig.to_client();
+    assert_eq!(answers.len(), 1);
+    assert!(!wire::is_truncated(&answers[0]) && answers[0].len() > 3000);
+    // A client that takes only 512 bytes would get a cut answer from the upstream too: passed on.
+    rig.query(&query(2, "big2.svc", None), 10);
+    let (leg, sent) = rig.last_upstream();
+    let mut tc = reply(&sent, false, 0);
+    tc[2] |= 0x02;
+    rig.reply_at(leg, tc, leg.to, 11);
+    let last = rig.to_client().pop().unwrap();
+    assert_eq!(wire::id(&last), 2);
+    assert!(wire::is_truncated(&last));
+}

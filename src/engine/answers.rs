@@ -1,0 +1,157 @@
+//! How a query ends for its askers: a fresh answer, the cache's (fresh or stale), the error an
+//! upstream gave, or SERVFAIL, each made into every asker's own answer.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::outbox::Outbox;
+use super::{Client, Dest, Engine, Event, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE};
+use crate::answer;
+use crate::cache::{Cache, Key};
+use crate::wire::{self, rcode};
+
+impl Engine {
+    pub(super) fn stale_timer(&mut self, slot: u32, now: Instant) {
+        let p = self.pending(slot);
+        let Some(key) = p.key.clone().filter(|_| p.has_askers() && !p.stale_served) else {
+            return;
+        };
+        if !self.lookup(&key, now, true) {
+            return;
+        }
+        let mut p = self.slots[slot as usize].pending.take().expect("checked");
+        let askers = p.askers().count();
+        self.stats.stale.fetch_add(askers as u64, RELAXED);
+        self.events
+            .push_back(Event::ServedStale { answers: askers });
+        for (client, query, q) in p.askers() {
+            deliver(
+                &mut self.outbox,
+                &mut self.scratch,
+                &self.answer,
+                client,
+                query,
+                q,
+            );
+        }
+        p.client = None;
+        p.followers.clear();
+        p.stale_served = true;
+        self.slots[slot as usize].pending = Some(p);
+    }
+
+    /// Nothing is left to try: a stale answer if the cache has one (RFC 8767), else the error an
+    /// upstream answered, else SERVFAIL.
+    pub(super) fn give_up(&mut self, slot: u32, now: Instant) {
+        let Some(p) = self.release(slot, now) else {
+            return;
+        };
+        if let Some(key) = &p.key {
+            if self.recheck.len() >= RECHECK_CAP {
+                let keep = self.settings.stale_recheck;
+                self.recheck
+                    .retain(|_, t| now.saturating_duration_since(*t) < keep);
+                if self.recheck.len() >= RECHECK_CAP {
+                    self.recheck.clear();
+                }
+            }
+            self.recheck.insert(key.clone(), now);
+        }
+        if !p.has_askers() {
+            return;
+        }
+        if let Some(key) = &p.key {
+            if self.lookup(key, now, true) {
+                let answers = p.askers().count();
+                self.stats.stale.fetch_add(answers as u64, RELAXED);
+                self.events.push_back(Event::ServedStale { answers });
+                for (client, query, q) in p.askers() {
+                    deliver(
+                        &mut self.outbox,
+                        &mut self.scratch,
+                        &self.answer,
+                        client,
+                        query,
+                        q,
+                    );
+                }
+                return;
+            }
+        }
+        for (client, query, q) in p.askers() {
+            match &p.error_reply {
+                Some(reply) => {
+                    deliver(&mut self.outbox, &mut self.scratch, reply, client, query, q)
+                }
+                None => {
+                    wire::local_reply(query, q, rcode::SERVFAIL, &mut self.scratch);
+                    self.outbox.push(Dest::Client(client), &self.scratch);
+                }
+            }
+        }
+    }
+
+    /// Copies a fresh (or, with `stale`, an expired but servable) cached answer into
+    /// `self.answer`.
+    pub(super) fn lookup(&mut self, key: &Key, now: Instant, stale: bool) -> bool {
+        let Some(cache) = &self.cache else {
+            return false;
+        };
+        let mut cache = lock(cache);
+        if stale {
+            cache.get_stale(key, now, &mut self.answer)
+        } else {
+            cache.get_fresh(key, now, &mut self.answer)
+        }
+    }
+
+    pub(super) fn deliver_answer(&mut self, client: Client, query: &[u8], q: &wire::Query) {
+        deliver(
+            &mut self.outbox,
+            &mut self.scratch,
+            &self.answer,
+            client,
+            query,
+            q,
+        );
+    }
+
+    /// The stale answer in `self.answer`, to one client now.
+    pub(super) fn serve_stale_to(&mut self, client: Client, query: &[u8], q: &wire::Query) {
+        self.stats.stale.fetch_add(1, RELAXED);
+        self.events.push_back(Event::ServedStale { answers: 1 });
+        self.deliver_answer(client, query, q);
+    }
+}
+
+/// Queues `reply` for a client as the answer to its own query: its ID, its spelling of the
+/// question, and cut to fit what it can take.
+pub(super) fn deliver(
+    outbox: &mut Outbox,
+    scratch: &mut Vec<u8>,
+    reply: &[u8],
+    client: Client,
+    query: &[u8],
+    q: &wire::Query,
+) {
+    let limit = reply_limit(client, q);
+    outbox.push_with(Dest::Client(client), |out| {
+        answer::for_asker(reply, query, q, limit, out, scratch);
+    });
+}
+
+/// The largest reply a client may be sent.
+pub(super) fn reply_limit(client: Client, q: &wire::Query) -> usize {
+    match client {
+        Client::Udp(_) => usize::from(q.udp_size),
+        Client::Tcp(_) => TCP_MAX_MESSAGE,
+    }
+}
+
+/// A poisoned lock only means another thread panicked mid-update of plain data; the cache is
+/// still usable, and DNS service matters more than the entry that thread was writing.
+pub(super) fn lock(cache: &Mutex<Cache>) -> std::sync::MutexGuard<'_, Cache> {
+    cache
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

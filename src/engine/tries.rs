@@ -1,0 +1,264 @@
+//! How a query's tries go out and end: choosing the upstream, the ID, the deadline and the hedge
+//! of each try, and what a timeout, a failure or the end of the query does to them and to the
+//! upstream's health.
+
+use std::cmp::Reverse;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use super::pending::{MAX_TRIES, Orphan, Pending, Slot, Timer, TimerKind, Try, TryKey};
+use super::{
+    Dest, Engine, Event, Failure, HEDGE_COST, HEDGE_FLOOR, HEDGE_UNKNOWN, ID_DRAWS, Leg, Via,
+};
+use crate::answer;
+use crate::roles::{Transport, UpstreamGroup};
+use crate::upstream::Choice;
+
+impl Engine {
+    pub(super) fn try_timed_out(&mut self, slot: u32, try_no: usize, now: Instant) {
+        let p = self.pending(slot);
+        let Some(t) = p.tries[try_no].filter(|t| t.live) else {
+            return;
+        };
+        let (group, latest) = (p.group, try_no + 1 == p.ntries);
+        self.end_try(slot, try_no, true);
+        self.note_failure(group, t.leg.to, Failure::TimedOut);
+        // An earlier try that runs out while a later one is out just ends; the later one's own
+        // timer moves the query on.
+        if latest || self.pending(slot).live_tries() == 0 {
+            self.next_try(slot, now);
+        }
+    }
+
+    pub(super) fn hedge(&mut self, slot: u32, try_no: usize, now: Instant) {
+        let p = self.pending(slot);
+        let still_out = p.tries[try_no].is_some_and(|t| t.live);
+        if p.hedged || !still_out || try_no + 1 != p.ntries || p.ntries == MAX_TRIES {
+            return;
+        }
+        let probe = self.pending(slot).tries[try_no]
+            .is_some_and(|t| self.upstreams.get(p.group).is_suspect(t.leg.to));
+        // Hedges of probes are free (probes are few); the rest are paid for from the budget.
+        if !probe {
+            if self.hedge_tokens < HEDGE_COST {
+                return;
+            }
+            self.hedge_tokens -= HEDGE_COST;
+        }
+        self.pending_mut(slot).hedged = true;
+        self.next_try(slot, now);
+    }
+
+    /// The query and try index a leg belongs to, while a reply to it would still be taken.
+    pub(super) fn find_try(&self, leg: &Leg) -> Option<(u32, usize)> {
+        let &(slot, generation) = self.keys.get(&TryKey::of(leg))?;
+        let entry = &self.slots[slot as usize];
+        let p = entry
+            .pending
+            .as_ref()
+            .filter(|_| entry.generation == generation)?;
+        Some((slot, p.try_index(leg)?))
+    }
+
+    /// A try is over, however it ended. A try that only ran out of time keeps its key: its
+    /// late reply is still a good answer.
+    pub(super) fn end_try(&mut self, slot: u32, try_no: usize, may_still_answer: bool) {
+        let p = self.pending_mut(slot);
+        if let Some(t) = p.tries[try_no].as_mut() {
+            t.live = false;
+            if !may_still_answer {
+                let key = TryKey::of(&t.leg);
+                self.keys.remove(&key);
+            }
+        }
+    }
+
+    /// `live`: the try was still counted as outstanding (not already ended by its timeout).
+    pub(super) fn note_reply(
+        &mut self,
+        group: UpstreamGroup,
+        upstream: SocketAddr,
+        took: Duration,
+        live: bool,
+    ) {
+        if self.upstreams.get(group).note_reply(upstream, took, live) {
+            self.events
+                .push_back(Event::UpstreamRecovered { group, upstream });
+        }
+    }
+
+    /// A try that was still outstanding failed.
+    pub(super) fn note_failure(
+        &mut self,
+        group: UpstreamGroup,
+        upstream: SocketAddr,
+        failure: Failure,
+    ) {
+        self.note_error(group, upstream, failure, true);
+    }
+
+    /// A failure of `upstream`; `live` when it ended a try still counted as outstanding.
+    pub(super) fn note_error(
+        &mut self,
+        group: UpstreamGroup,
+        upstream: SocketAddr,
+        failure: Failure,
+        live: bool,
+    ) {
+        let set = self.upstreams.get(group);
+        if set.note_failure_of(upstream, failure.blames_upstream(), live) {
+            self.events.push_back(Event::UpstreamSuspect {
+                group,
+                upstream,
+                failure,
+            });
+        }
+    }
+
+    pub(super) fn allocate(&mut self, pending: Pending) -> u32 {
+        self.inflight += 1;
+        if let Some(slot) = self.free.pop() {
+            self.slots[slot as usize].pending = Some(pending);
+            return slot;
+        }
+        self.slots.push(Slot {
+            generation: 0,
+            pending: Some(pending),
+        });
+        (self.slots.len() - 1) as u32
+    }
+
+    /// Frees a query's slot; tries still out become orphans, awaited for the health they tell.
+    pub(super) fn release(&mut self, slot: u32, now: Instant) -> Option<Pending> {
+        let entry = &mut self.slots[slot as usize];
+        let pending = entry.pending.take()?;
+        entry.generation = entry.generation.wrapping_add(1);
+        for t in pending.tries.iter().flatten() {
+            let key = TryKey::of(&t.leg);
+            self.keys.remove(&key);
+            if !t.live {
+                continue;
+            }
+            let deadline = (t.sent + self.settings.upstream_timeout).max(now);
+            if self.orphans.len() < 4 * self.settings.max_inflight {
+                let orphan = Orphan {
+                    group: pending.group,
+                    sent: t.sent,
+                    deadline,
+                };
+                self.orphans.insert(key, orphan);
+                self.orphan_timers.push(Reverse((deadline, key)));
+            } else {
+                self.upstreams
+                    .get(pending.group)
+                    .note_failure(t.leg.to, false);
+            }
+        }
+        if let Some(key) = &pending.key {
+            self.waiting.remove(&(key.clone(), pending.transport));
+        }
+        self.free.push(slot);
+        self.inflight -= 1;
+        Some(pending)
+    }
+
+    /// Sends the query's next try, if it has time and an upstream left to try; when it has
+    /// neither and no try is still out, the query ends.
+    pub(super) fn next_try(&mut self, slot: u32, now: Instant) {
+        loop {
+            let generation = self.slots[slot as usize].generation;
+            let p = self.pending(slot);
+            let (group, transport) = (p.group, p.transport);
+            let refetch = p
+                .refetch
+                .filter(|_| p.ntries < MAX_TRIES && now < p.deadline);
+            let choice = if let Some(addr) = refetch {
+                Some(Choice { addr, probe: false })
+            } else if p.ntries < MAX_TRIES && now < p.deadline {
+                let (tried, excluded) = p.tried_and_excluded();
+                self.upstreams
+                    .get(group)
+                    .choose(p.start, &tried, &excluded, now)
+            } else {
+                None
+            };
+            let Some(choice) = choice else {
+                if self.pending(slot).live_tries() == 0 {
+                    self.give_up(slot, now);
+                }
+                return;
+            };
+            let set = self.upstreams.get(group).clone();
+            let via = match transport {
+                Transport::Udp if refetch.is_none() => Via::Udp {
+                    socket: self
+                        .rng
+                        .random_range(0..self.settings.udp_sockets_per_upstream.max(1)),
+                },
+                Transport::Udp | Transport::Tcp => Via::Tcp,
+            };
+            let leg = self.free_leg(via, choice.addr);
+            let upstream_timeout = self.settings.upstream_timeout;
+            let p = self.slots[slot as usize]
+                .pending
+                .as_mut()
+                .expect("a live slot");
+            p.refetch = None;
+            let try_no = p.ntries;
+            p.ntries += 1;
+            let Some(leg) = leg else {
+                // Every ID drawn is in use: our own limit, not the upstream's.
+                continue;
+            };
+            p.tries[try_no] = Some(Try {
+                leg,
+                sent: now,
+                live: true,
+                errored: false,
+            });
+            let timeout = (now + upstream_timeout).min(p.deadline);
+            let hedge_at = (!p.hedged && p.ntries < MAX_TRIES).then(|| {
+                let delay = if choice.probe {
+                    HEDGE_FLOOR
+                } else {
+                    set.hedge_delay(choice.addr, HEDGE_FLOOR, upstream_timeout, HEDGE_UNKNOWN)
+                };
+                now + delay
+            });
+            self.outbox.push_with(Dest::Upstream(leg), |out| {
+                answer::upstream_query(&p.query, &p.q, leg.id, out);
+            });
+            self.keys.insert(TryKey::of(&leg), (slot, generation));
+            let timer = |at, kind| {
+                Reverse(Timer {
+                    at,
+                    slot,
+                    generation,
+                    try_no,
+                    kind,
+                })
+            };
+            self.timers.push(timer(timeout, TimerKind::TryTimeout));
+            if let Some(at) = hedge_at.filter(|at| *at < timeout) {
+                self.timers.push(timer(at, TimerKind::Hedge));
+            }
+            set.note_sent(choice.addr);
+            return;
+        }
+    }
+
+    /// A leg with a query ID not in use on that socket (UDP) or to that upstream (TCP).
+    pub(super) fn free_leg(&mut self, via: Via, to: SocketAddr) -> Option<Leg> {
+        (0..ID_DRAWS).find_map(|_| {
+            let leg = Leg {
+                via,
+                to,
+                id: self.rng.random(),
+            };
+            let key = TryKey::of(&leg);
+            (!self.keys.contains_key(&key) && !self.orphans.contains_key(&key)).then_some(leg)
+        })
+    }
+}
