@@ -16,7 +16,8 @@
 //!
 //! The shells, which move bytes in and out of engines:
 //! - [`mailbox`]: how TCP tasks hand queries and upstream replies to a relay thread.
-//! - [`tcp`]: TCP client connections and upstream TCP exchanges (tokio tasks).
+//! - [`tcp`]: TCP client connections (tokio tasks).
+//! - [`tcp_pool`]: pooled, pipelined upstream TCP connections (tokio tasks).
 //! - [`relay`]: a relay thread: one engine, the UDP sockets, the mailbox, epoll.
 //!
 //! The node, start-up and reporting:
@@ -52,5 +53,6 @@ pub mod server;
 pub mod stats;
 pub mod systemd;
 pub mod tcp;
+pub mod tcp_pool;
 pub mod upstream;
 pub mod wire;

@@ -26,7 +26,7 @@ use crate::mailbox::{Letter, Mailbox};
 use crate::roles::Transport;
 use crate::stats::ListenerStats;
 use crate::systemd::Heartbeats;
-use crate::tcp::UpstreamSide;
+use crate::tcp_pool::UpstreamSide;
 use crate::upstream::UpstreamSets;
 
 /// Datagrams read from one socket before looking at the others, so no socket starves the rest.

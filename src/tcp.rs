@@ -1,11 +1,8 @@
-//! The TCP shell: client connections and upstream exchanges. These tasks only move frames: every
-//! decision about a query is made by the engine of the relay thread a connection is assigned
-//! to, which they reach through its [`Mailbox`].
-//!
-//! TCP is the rare path (truncated answers, some clients): a task per client connection, a task
-//! per upstream exchange, and a fresh TCP connection upstream per try.
+//! The TCP shell's client side: a task per client connection. These tasks only move frames:
+//! every decision about a query is made by the engine of the relay thread a connection is
+//! assigned to, which they reach through its [`Mailbox`]. The upstream side is in
+//! [`crate::tcp_pool`].
 
-use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
-use crate::engine::{ConnId, Failure, Leg};
+use crate::engine::ConnId;
 use crate::frame::{self, FrameDecoder};
 use crate::mailbox::{Letter, Mailbox};
 use crate::roles::ListenerRole;
@@ -165,92 +162,4 @@ async fn connection(
     let _ = tokio::time::timeout(side.answer_wait, slots.acquire_many(pending)).await;
     mailbox.post(Letter::TcpClosed { conn });
     let _ = write_side.await;
-}
-
-/// Upstream TCP exchanges, started by a relay thread, run on the async runtime.
-pub struct UpstreamSide {
-    runtime: tokio::runtime::Handle,
-    /// Exchanges in flight in the whole process: each holds a descriptor, and the process has a
-    /// descriptor limit that its own listeners and other clients need too.
-    exchanges: Arc<Semaphore>,
-    /// A try's budget; the engine has moved on by then, so the exchange is abandoned.
-    budget: Duration,
-}
-
-impl UpstreamSide {
-    pub fn new(
-        runtime: tokio::runtime::Handle,
-        max_exchanges: usize,
-        budget: Duration,
-    ) -> UpstreamSide {
-        UpstreamSide {
-            runtime,
-            exchanges: Arc::new(Semaphore::new(max_exchanges)),
-            budget,
-        }
-    }
-
-    /// Starts sending `message` to `leg.to` over a new TCP connection; every message read back
-    /// is posted to `mailbox`. Fails at once (a local failure) when too many are in flight.
-    pub fn start(&self, leg: Leg, message: Vec<u8>, mailbox: Arc<Mailbox>) -> Result<(), Failure> {
-        let permit = self
-            .exchanges
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Failure::Local(io::ErrorKind::WouldBlock))?;
-        let budget = self.budget;
-        self.runtime.spawn(async move {
-            let _permit = permit;
-            // A try that runs out of time is the engine's business (its own timer fires); only
-            // errors the network reported are posted.
-            if let Ok(Err(e)) =
-                tokio::time::timeout(budget, exchange(leg, &message, &mailbox)).await
-            {
-                mailbox.post(Letter::UpstreamFailed {
-                    leg,
-                    failure: Failure::from_io(&e),
-                });
-            }
-        });
-        Ok(())
-    }
-}
-
-/// One try over TCP: connect, send, and pass on what comes back until the message with the
-/// try's ID (whether the engine accepts it is the engine's call).
-async fn exchange(leg: Leg, message: &[u8], mailbox: &Mailbox) -> io::Result<()> {
-    let mut stream = TcpStream::connect(leg.to).await?;
-    stream.set_nodelay(true)?;
-    // One connection per try, closed by us: without this each would sit in TIME-WAIT for a
-    // minute, and a few hundred TCP queries a second would run the node out of source ports
-    // (measured: 15,000 TIME-WAIT sockets in 3 s). An abortive close leaves none.
-    stream.set_zero_linger()?;
-    let mut framed = Vec::with_capacity(message.len() + 2);
-    frame::encode(message, &mut framed);
-    stream.write_all(&framed).await?;
-    let mut decoder = FrameDecoder::new(usize::from(u16::MAX));
-    let mut chunk = vec![0u8; 16 * 1024];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed before the reply",
-            ));
-        }
-        decoder.feed(&chunk[..n]);
-        while let Some(reply) = decoder
-            .next_frame()
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "frame over 65,535 bytes"))?
-        {
-            let done = reply.len() >= 2 && wire::id(reply) == leg.id;
-            mailbox.post(Letter::UpstreamReply {
-                leg,
-                reply: reply.to_vec(),
-            });
-            if done {
-                return Ok(());
-            }
-        }
-    }
 }

@@ -19,7 +19,8 @@ use crate::relay::{self, Relay, Stop};
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::stats::{Counters, Totals};
 use crate::systemd::{self, Heartbeats, Notifier};
-use crate::tcp::{self, ClientSide, UpstreamSide};
+use crate::tcp::{self, ClientSide};
+use crate::tcp_pool::UpstreamSide;
 use crate::upstream::{UpstreamSet, UpstreamSets};
 use crate::{listen, metrics};
 
