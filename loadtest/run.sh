@@ -72,7 +72,7 @@ else
 fi
 reps_opt=$reps
 reps=${reps_opt:-$default_reps}    # throughput, tcp, calibrate
-event_reps=${reps_opt:-1}          # kill, slow, overload: one repetition unless --reps says otherwise
+event_reps=${reps_opt:-1}          # kill, slow, faults, outage-stale, overload: one unless --reps says so
 outstanding=200      # closed loop: queries in flight (saturation)
 rate=2000            # open loop: the fixed moderate rate of the latency figures
 scenario_rate=5000   # open loop rate of the kill and slow scenarios
@@ -564,10 +564,13 @@ scenario_throughput() {
 
 scenario_tcp() {
     scen=tcp
-    pick_systems "${all_systems[@]}"
+    local s tcp_systems=()
+    # The bare relay is UDP only.
+    for s in "${all_systems[@]}"; do [[ $s == bare-relay ]] || tcp_systems+=("$s"); done
+    pick_systems "${tcp_systems[@]}"
     make_datafiles
     note "tcp: ${run_systems[*]}; $channels connections"
-    local rep s
+    local rep
     for rep in $(seq "$reps"); do
         for s in "${run_systems[@]}"; do
             note "rep $rep/$reps: $s over TCP"

@@ -390,11 +390,12 @@ fn throughput_tables(s: &Scenario, out: &mut String) {
         .find(|((_, p), _)| p == "sat-miss")
         .and_then(|(_, r)| r[0].get("outstanding").and_then(num))
         .map_or("?".into(), |v| format!("{v}"));
+    // From a measured phase: the forwarding checks always use dnsload.
     let generator = s
         .runs
-        .values()
-        .next()
-        .and_then(|r| r[0].get("generator").and_then(Value::as_str))
+        .iter()
+        .find(|((_, p), _)| p == "sat-miss")
+        .and_then(|(_, r)| r[0].get("generator").and_then(Value::as_str))
         .unwrap_or("?");
     let note = format!(
         "UDP, generator {generator}, medians of {reps} repetition(s). QPS: good answers (NOERROR with the upstream's record \
