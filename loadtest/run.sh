@@ -809,7 +809,7 @@ dirty=$(git -C "$repo" status --porcelain -- src Cargo.toml 2>/dev/null | head -
     [[ -n $build_note ]] && echo "NOTE: $build_note"
     [[ -n $lf_args ]] && echo "localdns-fallback extra flags: $lf_args"
     echo "localdns-fallback binary: $lf ($("$lf" --version 2>&1 | head -1), sha256 $(sha256sum "$lf" | cut -c1-12), built $(date -r "$lf" '+%F %T'))"
-    echo "scenario $scenario; generator $generator; upstream $upstream; repetitions $reps (kill, slow, overload: $event_reps); quick=$quick"
+    echo "scenario $scenario; generator $generator; upstream $upstream; repetitions $reps (kill, slow, faults, outage-stale, overload: $event_reps); quick=$quick"
     echo "machine before the run: $(busy_now)% busy over 2 s, load average $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "load: saturation = $outstanding queries outstanding over $channels sockets; latency at $rate QPS open loop; generator threads $gen_threads"
 } >"$out/header.txt"
