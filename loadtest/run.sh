@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The load-test harness: localdns-fallback against kernel DNAT, dnsdist, dnsmasq and unbound, side
-# by side, on this machine. Run as root:
+# The load-test harness: localdns-fallback against kernel DNAT, a bare relay, dnsdist, dnsmasq and
+# unbound, side by side, on this machine. Run as root:
 #
 #   loadtest/run.sh [--quick] [--scenario NAME] [--systems a,b,c] [--generator own|dnsperf]
 #                   [--upstream own|knot] [--reps N] [--gen-threads N] [--lf-args 'FLAGS']
-#                   [--install] [--no-build] [--out DIR]
+#                   [--lf-bin PATH] [--faults a,b] [--install] [--no-build] [--out DIR]
 #
-# Scenarios: throughput (default), kill, slow, tcp, overload, calibrate, all. See
-# loadtest/README.md for what each one does and what each figure means.
+# Scenarios: throughput (default), kill, slow, faults, outage-stale, tcp, overload, calibrate, all.
+# See loadtest/README.md for what each one does and what each figure means.
 #
 # For every measurement it builds fresh private network namespaces — a node namespace with the
 # listeners 169.254.10.10 and .11 on a link named `localdns`, and one or two upstream namespaces
@@ -20,10 +20,11 @@ self=$(readlink -f "$0")
 cd "$(dirname "$self")/.."
 repo=$PWD
 
-usage() { sed -n '2,11p' "$self" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,10p' "$self" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 # ---------------------------------------------------------------- options
 quick=0 scenario=throughput systems_opt="" generator=own upstream=own reps="" install=0 build=1 out="" gen_threads=1 lf_args=""
+lf_bin="" faults_opt=""
 while (($#)); do
     case $1 in
         --quick) quick=1 ;;
@@ -34,6 +35,8 @@ while (($#)); do
         --reps) reps=${2:?}; shift ;;
         --gen-threads) gen_threads=${2:?}; shift ;;
         --lf-args) lf_args=${2?}; shift ;;
+        --lf-bin) lf_bin=${2:?--lf-bin needs a path}; shift ;;
+        --faults) faults_opt=${2:?--faults needs a list}; shift ;;
         --install) install=1 ;;
         --no-build) build=0 ;;
         --out) out=${2:?}; shift ;;
@@ -44,9 +47,13 @@ while (($#)); do
 done
 case $generator in own|dnsperf) ;; *) echo "run.sh: --generator is own or dnsperf" >&2; exit 2 ;; esac
 case $upstream in own|knot) ;; *) echo "run.sh: --upstream is own or knot" >&2; exit 2 ;; esac
-case $scenario in throughput|kill|slow|tcp|overload|calibrate|all) ;;
-    *) echo "run.sh: unknown scenario $scenario (throughput, kill, slow, tcp, overload, calibrate, all)" >&2; exit 2 ;;
+case $scenario in throughput|kill|slow|faults|outage-stale|tcp|overload|calibrate|all) ;;
+    *) echo "run.sh: unknown scenario $scenario (throughput, kill, slow, faults, outage-stale, tcp, overload, calibrate, all)" >&2; exit 2 ;;
 esac
+if [[ -n $lf_bin ]]; then
+    lf_bin=$(readlink -f "$lf_bin")
+    [[ -x $lf_bin ]] || { echo "run.sh: --lf-bin $lf_bin is not an executable" >&2; exit 2; }
+fi
 [[ $(id -u) -eq 0 ]] || { echo "run.sh: run as root (it creates network namespaces)" >&2; exit 1; }
 
 # ---------------------------------------------------------------- one run at a time
@@ -65,13 +72,20 @@ else
 fi
 reps_opt=$reps
 reps=${reps_opt:-$default_reps}    # throughput, tcp, calibrate
-event_reps=${reps_opt:-1}          # kill, slow, overload: one repetition unless --reps says otherwise
+event_reps=${reps_opt:-1}          # kill, slow, faults, outage-stale, overload: one unless --reps says so
 outstanding=200      # closed loop: queries in flight (saturation)
-rate=20000           # open loop: the fixed moderate rate of the latency figures
+rate=2000            # open loop: the fixed moderate rate of the latency figures
 scenario_rate=5000   # open loop rate of the kill and slow scenarios
 tcp_rate=1000        # open loop rate of the TCP latency figures (a node sees little DNS over TCP)
 channels=8           # client sockets (UDP) or connections (TCP)
 slow_delay_ms=200    # the slow backend's added delay
+fault_rate=1000      # open loop rate of the refuse, servfail and closed-port faults
+blackhole_rate=100   # ... and of the black-holed backend (issue 12's figure is at 100 QPS)
+check_queries=200    # the forwarding check before each measurement
+serve_stale=0        # the peers' serve-stale options: on in the outage-stale scenario only
+# The record a good answer carries: the responder's address derived from the name, or the
+# address of knot's wildcard.
+if [[ $upstream == knot ]]; then expect=192.0.2.1; else expect=derived; fi
 cache_entries=100000 # dnsdist's packet cache
 
 # ---------------------------------------------------------------- packages and build
@@ -100,8 +114,10 @@ if ((build)); then
     echo "building localdns-fallback and the harness (release)" >&2
     cargo build --release --quiet --manifest-path loadtest/Cargo.toml
     # Others may be in the middle of an edit of src/: if the forwarder does not build, measure the
-    # binary already there, and say so in the report.
-    if ! cargo build --release --locked --quiet 2>"${TMPDIR:-/tmp}/loadtest-build.$$"; then
+    # binary already there, and say so in the report. With --lf-bin there is nothing to build.
+    if [[ -n $lf_bin ]]; then
+        :
+    elif ! cargo build --release --locked --quiet 2>"${TMPDIR:-/tmp}/loadtest-build.$$"; then
         if [[ -x target/release/localdns-fallback ]]; then
             build_note="the forwarder did not build; measured the existing binary of $(date -r target/release/localdns-fallback '+%F %T')"
             echo "run.sh: WARNING: $build_note:" >&2
@@ -114,15 +130,17 @@ if ((build)); then
     fi
     rm -f "${TMPDIR:-/tmp}/loadtest-build.$$"
 fi
-lf=$repo/target/release/localdns-fallback
+lf=${lf_bin:-$repo/target/release/localdns-fallback}
 dnsload=$repo/loadtest/target/release/dnsload
+bare_relay=$repo/loadtest/target/release/bare-relay
 responder=$repo/loadtest/target/release/responder
 dnsreport=$repo/loadtest/target/release/dnsreport
-for b in "$lf" "$dnsload" "$responder" "$dnsreport"; do
+for b in "$lf" "$dnsload" "$responder" "$dnsreport" "$bare_relay"; do
     [[ -x $b ]] || { echo "run.sh: $b is missing (run without --no-build)" >&2; exit 1; }
 done
 lf_has_cache=0
-"$lf" --help 2>&1 | grep -q -- '--cache-size' && lf_has_cache=1
+lf_help=$("$lf" --help 2>&1 || true)
+[[ $lf_help == *--cache-size* ]] && lf_has_cache=1
 
 # ---------------------------------------------------------------- bookkeeping and cleanup
 tag=lt$$x$(printf '%04x' $((RANDOM % 65536)))   # unique per run: namespaces are $tag-*
@@ -209,10 +227,13 @@ drop_net() {
     made_ns=("${keep[@]}")
 }
 
-# start_upstream K KIND [DELAY_MS]: the upstream in ${ups[K]}; sets up_pid[K].
-up_pid=()
+# start_upstream K KIND [RESPONDER-FLAGS...]: the upstream in ${ups[K]} (e.g. `--delay-ms 200`,
+# `--fault-rcode REFUSED`, `--ttl 2` for the responder); sets up_pid[K] and up_kind[K].
+up_pid=() up_kind=()
 start_upstream() {
-    local k=$1 kind=$2 delay=${3:-0} dir
+    local k=$1 kind=$2 dir
+    shift 2
+    up_kind[k]=$kind
     if [[ $kind == knot ]]; then
         dir=$work/knot-${ups[k]}; mkdir -p "$dir"
         cat >"$dir/load.test.zone" <<'ZONE'
@@ -232,21 +253,38 @@ server:
     udp-workers: $(nproc)
     tcp-workers: 1
     background-workers: 1
+control:
+    listen: "$dir/knot.sock"
 log:
   - target: stderr
     any: warning
 database:
     storage: "$dir"
+# Counts the queries knot receives (the forwarding check reads them with knotc); nothing else.
+mod-stats:
+  - id: count
+    request-protocol: on
+    server-operation: off
+    request-bytes: off
+    response-bytes: off
+    edns-presence: off
+    flag-presence: off
+    response-code: off
+    reply-nodata: off
+    query-type: off
+    query-size: off
+    reply-size: off
 template:
   - id: default
     storage: "$dir"
     file: "%s.zone"
+    global-module: mod-stats/count
 zone:
   - domain: load.test
 CONF
         ip netns exec "${ups[k]}" knotd -c "$dir/knot.conf" 2>"$work/knot-$k.log" 9<&- &
     else
-        ip netns exec "${ups[k]}" "$responder" --listen "198.18.$k.2:53" --delay-ms "$delay" 2>"$work/responder-$k.log" 9<&- &
+        ip netns exec "${ups[k]}" "$responder" --listen "198.18.$k.2:53" "$@" 2>"$work/responder-$k.log" 9<&- &
     fi
     up_pid[k]=$!
     pids+=("${up_pid[k]}")
@@ -254,13 +292,54 @@ CONF
         || { echo "run.sh: the $kind upstream in ${ups[k]} did not answer" >&2; cat "$work"/*-"$k".log >&2; return 1; }
 }
 
+# upstream_count K: how many queries the upstream in ${ups[K]} has received so far.
+upstream_count() {
+    local k=$1
+    if [[ ${up_kind[k]} == knot ]]; then
+        knotc -c "$work/knot-${ups[k]}/knot.conf" stats 2>/dev/null \
+            | awk -F' = ' '/request-protocol/ {n += $2} END {print n + 0}'
+    else
+        ip netns exec "$node" "$dnsload" count --server "198.18.$k.2:53"
+    fi
+}
+upstream_total() { # the sum over the upstreams started for this measurement
+    local k n total=0
+    for k in "${!up_pid[@]}"; do n=$(upstream_count "$k") || return 1; total=$((total + n)); done
+    echo "$total"
+}
+
+# check_forwarding SYSTEM REP: before a measurement, proves that the system relays: a short burst
+# of fresh names must all get the upstream's answer, and the upstream must have received at least
+# as many queries. Appends a phase=check line (check_ok true/false) to the raw file; returns 1 when
+# the check failed. The measurement still runs (its figures show what the system did), and the
+# report marks the row INVALID and does not rank it.
+check_forwarding() {
+    local sys=$1 rep=$2 before after line sent good saw ok=true
+    before=$(upstream_total) || { note "$sys: cannot read the upstream's query count"; return 1; }
+    line=$(ip netns exec "$node" "$dnsload" run --server "$target" --channels 1 --names miss --expect "$expect" \
+        --rate "$((check_queries * 5))" --duration 0.2 --warmup 0 --timeout 1 \
+        --label "scenario=$scen" --label "system=$sys" --label "rep=$rep" --label phase=check 2>/dev/null) \
+        || { note "$sys: the forwarding check could not run"; return 1; }
+    sleep 0.2 # what a system sends upstream late (retries) still counts
+    after=$(upstream_total) || return 1
+    sent=$(grep -o '"sent":[0-9]*' <<<"$line" | cut -d: -f2)
+    good=$(grep -o '"good":[0-9]*' <<<"$line" | cut -d: -f2)
+    saw=$((after - before))
+    if ((sent == 0 || good != sent || saw < sent)); then ok=false; fi
+    echo "${line%\}},\"upstream_saw\":$saw,\"check_ok\":$ok}" >>"$raw"
+    if [[ $ok != true ]]; then
+        note "$sys FAILED the forwarding check: $good of $sent answers were the upstream's, the upstream saw $saw queries"
+        return 1
+    fi
+}
+
 # ---------------------------------------------------------------- the systems under test
-all_systems=(direct kernel-dnat dnsdist dnsdist-cache dnsmasq unbound localdns-fallback localdns-fallback-cache)
+all_systems=(direct kernel-dnat bare-relay dnsdist dnsdist-cache dnsmasq unbound localdns-fallback localdns-fallback-cache)
 
 # available SYSTEM: empty if it can run here, else why not.
 available() {
     case $1 in
-        direct) ;;
+        direct|bare-relay) ;;
         kernel-dnat) command -v iptables >/dev/null || echo "iptables is not installed" ;;
         dnsdist|dnsdist-cache) command -v dnsdist >/dev/null || echo "dnsdist is not installed (--install)" ;;
         dnsmasq) command -v dnsmasq >/dev/null || echo "dnsmasq is not installed (--install)" ;;
@@ -280,6 +359,10 @@ start_system() {
     case $sys in
         direct)
             target=198.18.1.2:53 ;;
+        bare-relay)
+            # The yardstick: one thread, one connected upstream socket, ID rewrite only.
+            ip netns exec "$node" "$bare_relay" --listen 169.254.10.11:53 --upstream 198.18.1.2:53 >"$dir/log" 2>&1 9<&- &
+            sys_pid=$! ;;
         kernel-dnat)
             # What AgentBaker's fallback does: nat OUTPUT DNAT of the listener to kube-dns; with
             # two backends, kube-proxy's way of spreading (statistic random).
@@ -305,6 +388,8 @@ start_system() {
                 if [[ $sys == dnsdist-cache ]]; then
                     echo "pc = newPacketCache($cache_entries)"
                     echo 'getPool(""):setCache(pc)'
+                    # Stale entries are served (for up to an hour) only when every backend is down.
+                    if ((serve_stale)); then echo 'setStaleCacheEntriesTTL(3600)'; fi
                 fi
             } >"$conf"
             ip netns exec "$node" dnsdist --supervised --disable-syslog -C "$conf" >"$dir/log" 2>&1 9<&- &
@@ -312,6 +397,8 @@ start_system() {
         dnsmasq)
             local servers=()
             for k in $(seq "$n"); do servers+=("--server=198.18.$k.2"); done
+            # Answers stale entries at once and refreshes them behind (dnsmasq 2.87 and later).
+            if ((serve_stale)); then servers+=(--use-stale-cache); fi
             ip netns exec "$node" dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts \
                 --bind-interfaces --listen-address=169.254.10.11 --port=53 --user=root --group=root \
                 --pid-file= --log-facility=- --dns-forward-max=$((5 * outstanding)) \
@@ -345,6 +432,15 @@ server:
     num-queries-per-thread: 4096
     incoming-num-tcp: 64
     minimal-responses: yes
+    # test. is one of unbound's default local zones (RFC 6761): without this unbound answers
+    # every name under load.test. NXDOMAIN itself and never forwards one.
+    local-zone: "test." nodefault
+CONF
+                if ((serve_stale)); then
+                    # RFC 8767: try the upstream for 1.8 s, then answer from the expired entry.
+                    printf '    serve-expired: yes\n    serve-expired-ttl: 3600\n    serve-expired-client-timeout: 1800\n'
+                fi
+                cat <<CONF
 remote-control:
     control-enable: no
 forward-zone:
@@ -394,6 +490,7 @@ load() {
     args=("$@")
     local cmd=run
     if [[ $generator == dnsperf && $use_dnsperf == 1 ]]; then cmd=dnsperf; args+=(--datafile "$datafile"); fi
+    args+=(--expect "$expect")
     [[ -n $sys_pid ]] && args+=(--watch-pid "$sys_pid")
     local p
     for p in "${up_pid[@]}"; do args+=(--also-pid "$p"); done
@@ -448,6 +545,7 @@ scenario_throughput() {
             new_net 1
             if ! { start_upstream 1 "$upstream" && start_system "$s" 1; }; then note "skipping $s this time"; teardown; continue; fi
             idle_rss "$s" "$rep"
+            check_forwarding "$s" "$rep" || true
             local L=("scenario=throughput" "system=$s" "rep=$rep")
             use_dnsperf=1
             datafile=$work/miss-sat.txt
@@ -466,15 +564,19 @@ scenario_throughput() {
 
 scenario_tcp() {
     scen=tcp
-    pick_systems "${all_systems[@]}"
+    local s tcp_systems=()
+    # The bare relay is UDP only.
+    for s in "${all_systems[@]}"; do [[ $s == bare-relay ]] || tcp_systems+=("$s"); done
+    pick_systems "${tcp_systems[@]}"
     make_datafiles
     note "tcp: ${run_systems[*]}; $channels connections"
-    local rep s
+    local rep
     for rep in $(seq "$reps"); do
         for s in "${run_systems[@]}"; do
             note "rep $rep/$reps: $s over TCP"
             new_net 1
             if ! { start_upstream 1 "$upstream" && start_system "$s" 1; }; then note "skipping $s this time"; teardown; continue; fi
+            check_forwarding "$s" "$rep" || true
             local L=("scenario=tcp" "system=$s" "rep=$rep")
             use_dnsperf=1
             datafile=$work/miss-sat.txt
@@ -505,6 +607,7 @@ scenario_kill() {
                 if ! { start_upstream 1 own && start_upstream 2 own && start_system "$s" 2; }; then
                     note "skipping $s this time"; teardown; continue
                 fi
+                check_forwarding "$s" "$rep" || true
                 if [[ $how == kill ]]; then
                     event="kill -KILL ${up_pid[2]}"
                 else
@@ -522,6 +625,95 @@ scenario_kill() {
     done
 }
 
+# Two kube-dns backends, open loop; at fault_at s one of them goes wrong, one way per phase:
+#   refuse       it answers every query REFUSED (CoreDNS does when max_concurrent overflows)
+#   servfail     it answers every query SERVFAIL
+#   closed-port  its server is SIGKILLed: nothing listens on 53 in its namespace, so the kernel
+#                answers ICMP port unreachable (rate-limited: a burst, then about one a second)
+#   blackhole    its namespace drops every DNS packet, no ICMP (a pod gone), at 100 QPS
+# Reported per system: errors and timeouts after the fault, latency of the queries sent during
+# it (p50/p99/max), recovery time.
+all_faults=(refuse servfail closed-port blackhole)
+scenario_faults() {
+    scen=faults
+    local reps=$event_reps faults=("${all_faults[@]}")
+    if [[ -n $faults_opt ]]; then IFS=, read -r -a faults <<<"$faults_opt"; fi
+    pick_systems kernel-dnat dnsdist dnsmasq unbound localdns-fallback
+    note "faults: ${faults[*]}; ${run_systems[*]}; backend 2 goes wrong at ${kill_at}s of ${kill_secs}s"
+    local rep s fault event qps flags
+    for rep in $(seq "$reps"); do
+        for fault in "${faults[@]}"; do
+            flags=() qps=$fault_rate
+            case $fault in
+                refuse) flags=(--fault-rcode REFUSED) ;;
+                servfail) flags=(--fault-rcode SERVFAIL) ;;
+                closed-port) ;;
+                blackhole) qps=$blackhole_rate ;;
+                *) echo "run.sh: unknown fault $fault (${all_faults[*]})" >&2; exit 2 ;;
+            esac
+            for s in "${run_systems[@]}"; do
+                note "rep $rep/$reps: $s, backend 2: $fault at $qps QPS"
+                new_net 2
+                if ! { start_upstream 1 own && start_upstream 2 own "${flags[@]}" && start_system "$s" 2; }; then
+                    note "skipping $s this time"; teardown; continue
+                fi
+                check_forwarding "$s" "$rep" || true
+                case $fault in
+                    refuse|servfail) event="kill -USR1 ${up_pid[2]}" ;;
+                    closed-port) event="kill -KILL ${up_pid[2]}" ;;
+                    blackhole) event="ip netns exec ${ups[2]} iptables -w -I INPUT -p udp --dport 53 -j DROP &&
+                                      ip netns exec ${ups[2]} iptables -w -I INPUT -p tcp --dport 53 -j DROP" ;;
+                esac
+                load "scenario=faults" "system=$s" "rep=$rep" "phase=$fault" "rate=$qps" -- --names miss --rate "$qps" \
+                    --duration "$kill_secs" --warmup 0 --timeout 5 --slow-ms 100 --timeline \
+                    --event-at "$kill_at" --event-cmd "$event"
+                if [[ $fault == closed-port ]]; then wait "${up_pid[2]}" 2>/dev/null || true; fi
+                teardown
+            done
+        done
+    done
+}
+
+# Every upstream down while the cache holds expired entries: 20 fresh names are asked once
+# (cached with the responder's TTL of 2 s; localdns-fallback keeps them its minimum of 5 s), the
+# harness waits 6 s (expired everywhere), then drops every DNS packet in both upstream namespaces
+# and asks all 20 names again in 6 rounds, one every 0.5 s (or when the last is done): the first
+# lookup of each name during the outage, and the following ones. The peers get their serve-stale
+# options (dnsdist setStaleCacheEntriesTTL, unbound serve-expired with RFC 8767's client timeout
+# of 1.8 s, dnsmasq --use-stale-cache).
+scenario_outage_stale() {
+    scen=outage-stale
+    local reps=$event_reps
+    serve_stale=1
+    pick_systems dnsdist-cache dnsmasq unbound localdns-fallback-cache
+    note "outage-stale: ${run_systems[*]}"
+    local rep s down
+    for rep in $(seq "$reps"); do
+        for s in "${run_systems[@]}"; do
+            note "rep $rep/$reps: $s, every upstream down with expired entries cached"
+            new_net 2
+            if ! { start_upstream 1 own --ttl 2 && start_upstream 2 own --ttl 2 && start_system "$s" 2; }; then
+                note "skipping $s this time"; teardown; continue
+            fi
+            check_forwarding "$s" "$rep" || true
+            down="ip netns exec ${ups[1]} iptables -w -I INPUT -p udp --dport 53 -j DROP &&
+                  ip netns exec ${ups[1]} iptables -w -I INPUT -p tcp --dport 53 -j DROP &&
+                  ip netns exec ${ups[2]} iptables -w -I INPUT -p udp --dport 53 -j DROP &&
+                  ip netns exec ${ups[2]} iptables -w -I INPUT -p tcp --dport 53 -j DROP"
+            local line
+            if line=$(ip netns exec "$node" "$dnsload" stale --server "$target" --count 20 --expire-wait 6 \
+                --rounds 6 --interval 0.5 --timeout 5 --event-cmd "$down" --expect "$expect" \
+                --label scenario=outage-stale --label "system=$s" --label "rep=$rep" --label phase=outage-stale); then
+                echo "$line" >>"$raw"
+            else
+                echo "run.sh: the stale measurement failed ($s)" >&2
+            fi
+            teardown
+        done
+    done
+    serve_stale=0
+}
+
 # Two backends; the second answers every query 200 ms late.
 scenario_slow() {
     scen=slow
@@ -533,9 +725,10 @@ scenario_slow() {
         for s in "${run_systems[@]}"; do
             note "rep $rep/$reps: $s, one slow backend"
             new_net 2
-            if ! { start_upstream 1 own && start_upstream 2 own "$slow_delay_ms" && start_system "$s" 2; }; then
+            if ! { start_upstream 1 own && start_upstream 2 own --delay-ms "$slow_delay_ms" && start_system "$s" 2; }; then
                 note "skipping $s this time"; teardown; continue
             fi
+            check_forwarding "$s" "$rep" || true
             load "scenario=slow" "system=$s" "rep=$rep" phase=slow -- --names miss --rate "$scenario_rate" \
                 --duration "$duration" --warmup "$warmup" --timeout 5 --slow-ms 100
             teardown
@@ -556,6 +749,7 @@ scenario_overload() {
             note "rep $rep/$reps: $s overloaded"
             new_net 1
             if ! { start_upstream 1 own && start_system "$s" 1; }; then note "skipping $s this time"; teardown; continue; fi
+            check_forwarding "$s" "$rep" || true
             line=$(ip netns exec "$node" "$dnsload" run --server "$target" --channels "$channels" --names miss \
                 --outstanding "$outstanding" --duration 2 --warmup 0.5)
             sat=$(grep -o '"qps":[0-9]*' <<<"$line" | cut -d: -f2)
@@ -607,13 +801,15 @@ busy_now() {
     echo $(( total > 0 ? 100 * (total - idle) / total : 0 ))
 }
 commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[[ -n $lf_bin ]] && commit="$commit (harness; the forwarder is --lf-bin)"
 dirty=$(git -C "$repo" status --porcelain -- src Cargo.toml 2>/dev/null | head -1)
 {
     echo "localdns-fallback load test, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "commit $commit${dirty:+ (src/ has uncommitted changes)}; $(nproc) cores; kernel $(uname -r)"
     [[ -n $build_note ]] && echo "NOTE: $build_note"
     [[ -n $lf_args ]] && echo "localdns-fallback extra flags: $lf_args"
-    echo "scenario $scenario; generator $generator; upstream $upstream; repetitions $reps (kill, slow, overload: $event_reps); quick=$quick"
+    echo "localdns-fallback binary: $lf ($("$lf" --version 2>&1 | head -1), sha256 $(sha256sum "$lf" | cut -c1-12), built $(date -r "$lf" '+%F %T'))"
+    echo "scenario $scenario; generator $generator; upstream $upstream; repetitions $reps (kill, slow, faults, outage-stale, overload: $event_reps); quick=$quick"
     echo "machine before the run: $(busy_now)% busy over 2 s, load average $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "load: saturation = $outstanding queries outstanding over $channels sockets; latency at $rate QPS open loop; generator threads $gen_threads"
 } >"$out/header.txt"
@@ -621,8 +817,8 @@ cat "$out/header.txt" >&2
 started=$(date +%s)
 
 case $scenario in
-    all) scenario_throughput; scenario_tcp; scenario_kill; scenario_slow; scenario_overload ;;
-    *) "scenario_$scenario" ;;
+    all) scenario_throughput; scenario_tcp; scenario_kill; scenario_slow; scenario_faults; scenario_outage_stale; scenario_overload ;;
+    *) "scenario_${scenario//-/_}" ;;
 esac
 
 note "done in $(( $(date +%s) - started ))s"

@@ -658,3 +658,169 @@ fn spoof_without_alt_src_skips_forgery_e() {
     assert!(!d.has_flag("qr"), "{}", d.raw);
     assert_eq!(d.answers, vec![FORGED.to_string()], "{}", d.raw);
 }
+
+// ---- the load harness (loadtest/) counts honestly --------------------------------------------
+
+/// Builds the load harness's binaries (a workspace of its own, debug: these checks send a few
+/// hundred queries) and returns the directory they are in.
+fn loadtest_bins() -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--locked", "--bins", "--manifest-path"])
+        .arg(root.join("loadtest/Cargo.toml"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "building loadtest/ failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    root.join("loadtest/target/debug")
+}
+
+/// A process of the load harness, killed and reaped when dropped.
+struct Spawned(std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A number field of the generator's JSON line.
+fn json_num(line: &str, key: &str) -> u64 {
+    let at = line
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("no {key} in {line}"));
+    line[at + key.len() + 3..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number in {line}"))
+}
+
+/// `dnsload` in `ns` with `args`; its stdout, trimmed.
+fn dnsload(bins: &std::path::Path, ns: &Netns, args: &[&str]) -> String {
+    let out = ns
+        .exec(bins.join("dnsload"), args)
+        .output()
+        .expect("dnsload runs");
+    assert!(
+        out.status.success(),
+        "dnsload {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// 100 fresh names through `server`: the generator's JSON line.
+fn burst(bins: &std::path::Path, ns: &Netns, server: SocketAddr) -> String {
+    let server = server.to_string();
+    dnsload(
+        bins,
+        ns,
+        &[
+            "run",
+            "--server",
+            &server,
+            "--channels",
+            "1",
+            "--names",
+            "miss",
+            "--rate",
+            "200",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--timeout",
+            "1",
+        ],
+    )
+}
+
+/// A reply counts as good only when it is the upstream's answer for that name, and the
+/// responder's query counter shows what really reached it: unbound answering `load.test.` from
+/// its built-in `test.` zone (RFC 6761) and an upstream giving every name one address are both
+/// caught, and unbound told to forward `test.` passes.
+#[test]
+fn load_harness_counts_only_the_upstreams_answers() {
+    require_root_and_tools(&["ip", "unbound"]);
+    let bins = loadtest_bins();
+    let (topo, up) = setup();
+    let upstream = up.sock_v4();
+    let _responder = Spawned(
+        up.ns
+            .exec(
+                bins.join("responder"),
+                ["--listen", &upstream.to_string(), "--threads", "1"],
+            )
+            .spawn()
+            .expect("responder starts"),
+    );
+    dnsload(
+        &bins,
+        &topo.node,
+        &["probe", "--server", &upstream.to_string()],
+    );
+    let count = || -> u64 {
+        dnsload(
+            &bins,
+            &topo.node,
+            &["count", "--server", &upstream.to_string()],
+        )
+        .parse()
+        .expect("a count")
+    };
+
+    // Direct: every answer good, and the responder saw every query.
+    let before = count();
+    let line = burst(&bins, &topo.node, upstream);
+    let sent = json_num(&line, "sent");
+    assert!(sent >= 90, "{line}");
+    assert_eq!(json_num(&line, "good"), sent, "{line}");
+    assert_eq!(json_num(&line, "wrong_answer"), 0, "{line}");
+    assert_eq!(count() - before, sent);
+
+    // An upstream that gives every name the same address: NOERROR, but not the answer.
+    let fixed = SocketAddr::new(upstream.ip(), 5353);
+    let _r = Responder::start(&up.ns, fixed, Mode::Normal { answer_v4: ANSWER });
+    let line = burst(&bins, &topo.node, fixed);
+    assert_eq!(json_num(&line, "good"), 0, "{line}");
+    assert_eq!(
+        json_num(&line, "wrong_answer"),
+        json_num(&line, "sent"),
+        "{line}"
+    );
+
+    // unbound forwarding "." to the responder answers `test.` itself unless told not to.
+    let forward = format!(
+        "forward-zone:\nname: \".\"\nforward-addr: {}@53",
+        upstream.ip()
+    );
+    for (nodefault, forwards) in [("", false), ("local-zone: \"test.\" nodefault", true)] {
+        let ub = Unbound::start_with(
+            &topo.node,
+            &[LOCALDNS_11.into()],
+            &[],
+            &[],
+            &format!("{nodefault}\n{forward}"),
+        );
+        let before = count();
+        let line = burst(&bins, &topo.node, SocketAddr::new(LOCALDNS_11.into(), 53));
+        let (sent, saw) = (json_num(&line, "sent"), count() - before);
+        if forwards {
+            assert_eq!(json_num(&line, "good"), sent, "{line}\n{}", ub.logs());
+            assert!(saw >= sent, "the responder saw {saw} of {sent}");
+        } else {
+            assert_eq!(json_num(&line, "good"), 0, "{line}");
+            assert_eq!(json_num(&line, "nxdomain"), sent, "{line}");
+            assert_eq!(
+                saw, 0,
+                "unbound answered alone, yet the responder saw {saw}"
+            );
+        }
+    }
+}

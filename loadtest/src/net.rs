@@ -121,6 +121,13 @@ pub fn udp_bound(bind: SocketAddr, reuse_port: bool, nonblocking: bool) -> io::R
 /// A non-blocking UDP socket on a random port, connected to `server` (the kernel then drops
 /// datagrams from anyone else), with kernel receive timestamps (SO_TIMESTAMPNS) on.
 pub fn udp_client(server: SocketAddr) -> io::Result<OwnedFd> {
+    let fd = udp_connected(server)?;
+    setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
+    Ok(fd)
+}
+
+/// A non-blocking UDP socket on a random port, connected to `server`.
+pub fn udp_connected(server: SocketAddr) -> io::Result<OwnedFd> {
     let any: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0"
     } else {
@@ -129,7 +136,6 @@ pub fn udp_client(server: SocketAddr) -> io::Result<OwnedFd> {
     .parse()
     .expect("literal");
     let fd = udp_bound(any, false, true)?;
-    setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
     let (ss, len) = sockaddr(&server);
     // SAFETY: as in bind.
     cvt(unsafe {
@@ -296,6 +302,11 @@ impl Batch {
             self.stamps[i] = stamp_of(&self.hdrs[i].msg_hdr);
         }
         Ok(n)
+    }
+
+    /// The length of the peer address of received slot `i`.
+    pub fn addr_len(&self, i: usize) -> libc::socklen_t {
+        self.addr_lens[i]
     }
 
     /// Sets the destination of slot `i` (unconnected sockets).

@@ -5,7 +5,7 @@
 use crate::names::NameSet;
 use crate::pace::Load;
 use crate::procfs::{self, Snapshot};
-use crate::track::Tracker;
+use crate::track::{Expect, Tracker};
 use serde_json::{Map, Value, json};
 use std::net::SocketAddr;
 use std::process::{Child, Command};
@@ -21,6 +21,8 @@ pub struct RunSpec {
     pub server: SocketAddr,
     pub proto: Proto,
     pub names: NameSet,
+    /// The record a good reply carries.
+    pub expect: Expect,
     /// UDP sockets or TCP connections.
     pub channels: usize,
     pub load: Load,
@@ -221,6 +223,13 @@ pub fn to_json(
     );
     m.insert("channels".into(), json!(spec.channels));
     m.insert("threads".into(), json!(spec.threads));
+    m.insert(
+        "expect".into(),
+        json!(match spec.expect {
+            Expect::Derived => "derived".to_string(),
+            Expect::Fixed(a) => std::net::Ipv4Addr::from(a).to_string(),
+        }),
+    );
     match &spec.load {
         Load::Closed { outstanding } => {
             m.insert("mode".into(), json!("closed"));
@@ -256,7 +265,9 @@ pub fn to_json(
     for (k, v) in [
         ("sent", c.sent),
         ("answered", c.answered),
+        ("good", c.good),
         ("noerror", c.noerror),
+        ("wrong_answer", c.wrong_answer),
         ("nxdomain", c.nxdomain),
         ("servfail", c.servfail),
         ("refused", c.refused),
@@ -319,6 +330,14 @@ pub fn to_json(
     }
     if let Some(ev) = sched.event_ns {
         event_figures(&mut m, t, ev);
+        // Latency of the queries sent during the fault (from the event on).
+        let f = &t.fault_hist;
+        m.insert("fault_answered".into(), json!(f.count()));
+        if f.count() > 0 {
+            m.insert("fault_p50_us".into(), json!(us(f.quantile(0.5))));
+            m.insert("fault_p99_us".into(), json!(us(f.quantile(0.99))));
+            m.insert("fault_max_us".into(), json!(us(f.max())));
+        }
     }
     if spec.timeline {
         let b: Vec<Value> = t

@@ -45,13 +45,44 @@ impl Channel {
     }
 }
 
+/// The A record a good reply carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The harness's responder: an address derived from the name ([`dns::derived_a`]).
+    Derived,
+    /// One address for every name (knot's wildcard zone).
+    Fixed([u8; 4]),
+}
+
+impl Expect {
+    pub fn parse(s: &str) -> Result<Expect, String> {
+        if s == "derived" {
+            return Ok(Expect::Derived);
+        }
+        s.parse::<std::net::Ipv4Addr>()
+            .map(|a| Expect::Fixed(a.octets()))
+            .map_err(|_| format!("bad --expect {s:?}: `derived` or an IPv4 address"))
+    }
+
+    pub fn address(self, qname: &[u8]) -> [u8; 4] {
+        match self {
+            Expect::Derived => dns::derived_a(qname),
+            Expect::Fixed(a) => a,
+        }
+    }
+}
+
 /// What became of the queries sent in the window.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Counts {
     pub sent: u64,
     /// Replies of any kind.
     pub answered: u64,
+    /// NOERROR with the expected record: the only replies that count as answers.
+    pub good: u64,
     pub noerror: u64,
+    /// NOERROR without the expected record (no data, or another address).
+    pub wrong_answer: u64,
     pub nxdomain: u64,
     pub servfail: u64,
     /// REFUSED: how a forwarder sheds load.
@@ -65,13 +96,13 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// Replies that answer the question (NOERROR or NXDOMAIN).
+    /// Replies that are the upstream's answer.
     pub fn ok(&self) -> u64 {
-        self.noerror + self.nxdomain
+        self.good
     }
-    /// Replies that do not (SERVFAIL, REFUSED, others).
+    /// Replies that are not (NXDOMAIN, SERVFAIL, REFUSED, other rcodes, wrong NOERROR).
     pub fn errors(&self) -> u64 {
-        self.servfail + self.refused + self.other_rcode
+        self.answered - self.good
     }
 }
 
@@ -97,6 +128,10 @@ impl Bucket {
 pub struct Tracker {
     chans: Vec<Channel>,
     names: Names,
+    expect: Expect,
+    /// Queries sent from this time on (the start of a fault) also go into `fault_hist`.
+    pub fault_from_ns: u64,
+    pub fault_hist: Hist,
     inflight: u64,
     timeout_ns: u64,
     slow_ns: u64,
@@ -121,13 +156,23 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    pub fn new(channels: usize, names: Names, timeout_ns: u64, slow_ns: u64, seed: u64) -> Tracker {
+    pub fn new(
+        channels: usize,
+        names: Names,
+        expect: Expect,
+        timeout_ns: u64,
+        slow_ns: u64,
+        seed: u64,
+    ) -> Tracker {
         let chans = (0..channels)
             .map(|i| Channel::new((seed as u16).wrapping_add(i as u16 * 7919)))
             .collect();
         Tracker {
             chans,
             names,
+            expect,
+            fault_from_ns: u64::MAX,
+            fault_hist: Hist::default(),
             inflight: 0,
             timeout_ns,
             slow_ns,
@@ -234,7 +279,11 @@ impl Tracker {
         c.inflight -= 1;
         self.inflight -= 1;
         let latency = rx_ns.saturating_sub(slot.sent_ns);
-        let good = matches!(head.rcode, dns::RCODE_NOERROR | dns::RCODE_NXDOMAIN);
+        let q_end = HEADER + name_len + 4;
+        let noerror = head.rcode == dns::RCODE_NOERROR;
+        let good = noerror
+            && msg.len() >= q_end
+            && dns::has_a(msg, q_end, self.expect.address(&self.scratch[..name_len]));
         if self.in_window(rx_ns) {
             self.received_in_window += 1;
             if good {
@@ -245,6 +294,11 @@ impl Tracker {
         if self.in_window(slot.sent_ns) {
             let k = &mut self.counts;
             k.answered += 1;
+            if good {
+                k.good += 1;
+            } else if noerror {
+                k.wrong_answer += 1;
+            }
             match head.rcode {
                 dns::RCODE_NOERROR => k.noerror += 1,
                 dns::RCODE_NXDOMAIN => k.nxdomain += 1,
@@ -259,6 +313,9 @@ impl Tracker {
                 k.slow += 1;
             }
             self.hist.record(latency);
+        }
+        if slot.sent_ns >= self.fault_from_ns {
+            self.fault_hist.record(latency);
         }
         let b = self.bucket(slot.sent_ns);
         if good {
@@ -280,7 +337,9 @@ impl Tracker {
         let (a, b) = (&mut self.counts, &o.counts);
         a.sent += b.sent;
         a.answered += b.answered;
+        a.good += b.good;
         a.noerror += b.noerror;
+        a.wrong_answer += b.wrong_answer;
         a.nxdomain += b.nxdomain;
         a.servfail += b.servfail;
         a.refused += b.refused;
@@ -289,6 +348,7 @@ impl Tracker {
         a.lost += b.lost;
         a.slow += b.slow;
         self.hist.merge(&o.hist);
+        self.fault_hist.merge(&o.fault_hist);
         self.ok_received_in_window += o.ok_received_in_window;
         self.received_in_window += o.received_in_window;
         self.late += o.late;
@@ -341,8 +401,20 @@ mod tests {
     use super::*;
     use crate::names::NameSet;
 
+    const NOERROR: dns::Answer = dns::Answer {
+        ttl: 1,
+        rcode: dns::RCODE_NOERROR,
+    };
+
     fn tracker() -> Tracker {
-        let mut t = Tracker::new(1, Names::new(NameSet::Miss, 1), 1_000, 500, 0);
+        let mut t = Tracker::new(
+            1,
+            Names::new(NameSet::Miss, 1),
+            Expect::Derived,
+            1_000,
+            500,
+            0,
+        );
         t.start_ns = 1;
         t
     }
@@ -357,10 +429,10 @@ mod tests {
         // The second query's reply sent with the first query's ID: a mismatch, ignored.
         let mut forged = other;
         forged[..2].copy_from_slice(&q[..2]);
-        let flen = dns::answer_in_place(&mut forged, olen, 1).unwrap();
+        let flen = dns::answer_in_place(&mut forged, olen, NOERROR).unwrap();
         t.on_reply(0, &forged[..flen], 20);
         assert_eq!((t.mismatched, t.inflight()), (1, 2));
-        let alen = dns::answer_in_place(&mut q, len, 1).unwrap();
+        let alen = dns::answer_in_place(&mut q, len, NOERROR).unwrap();
         t.on_reply(0, &q[..alen], 110);
         assert_eq!(t.counts.noerror, 1);
         assert_eq!(t.hist.max(), 100);
@@ -369,6 +441,51 @@ mod tests {
         t.sweep(2_000);
         assert_eq!((t.counts.lost, t.inflight()), (1, 0));
         assert_eq!(t.counts.sent, 2);
+    }
+
+    #[test]
+    fn only_the_upstreams_answer_for_that_name_is_good() {
+        let mut t = tracker();
+        let mut q = [[0u8; 512]; 4];
+        let lens: Vec<usize> = q.iter_mut().map(|b| t.prepare(0, 10, b).unwrap()).collect();
+        // 0: the right answer. 1: NXDOMAIN made up by the forwarder (the unbound `test.` case).
+        // 2: NOERROR with another address. 3: NOERROR without data.
+        let mut replies = Vec::new();
+        for (i, b) in q.iter_mut().enumerate() {
+            let alen = dns::answer_in_place(b, lens[i], NOERROR).unwrap();
+            replies.push(b[..alen].to_vec());
+        }
+        replies[1].truncate(lens[1]);
+        replies[1][3] = 0x83;
+        replies[1][7] = 0;
+        let n = replies[2].len();
+        replies[2][n - 1] ^= 1;
+        replies[3].truncate(lens[3]);
+        replies[3][7] = 0;
+        for r in &replies {
+            t.on_reply(0, r, 20);
+        }
+        let c = t.counts;
+        assert_eq!(
+            (c.answered, c.good, c.nxdomain, c.wrong_answer),
+            (4, 1, 1, 2)
+        );
+        assert_eq!((c.ok(), c.errors()), (1, 3));
+        assert_eq!(t.ok_received_in_window, 1);
+        assert_eq!((t.timeline[0].ok, t.timeline[0].errors), (1, 3));
+    }
+
+    #[test]
+    fn a_fixed_expectation_is_knots_wildcard() {
+        let mut t = tracker();
+        t.expect = Expect::parse("10.9.8.7").unwrap();
+        let mut q = [0u8; 512];
+        let len = t.prepare(0, 10, &mut q).unwrap();
+        let alen = dns::answer_in_place(&mut q, len, NOERROR).unwrap();
+        q[alen - 4..alen].copy_from_slice(&[10, 9, 8, 7]);
+        t.on_reply(0, &q[..alen], 20);
+        assert_eq!(t.counts.good, 1);
+        assert!(Expect::parse("nonsense").is_err());
     }
 
     #[test]

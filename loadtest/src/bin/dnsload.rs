@@ -9,7 +9,16 @@
 //! dnsload dnsperf --datafile FILE  (the same options: runs Debian's dnsperf instead, same JSON)
 //! dnsload names --names SET --count N [--seed N]     query file for dnsperf on stdout
 //! dnsload probe --server IP:PORT [--tcp] [--wait SECS]   exit 0 once the server answers
+//! dnsload count --server IP:PORT      the query count of the harness's responder there
+//! dnsload stale --server IP:PORT [--count N] [--expire-wait SECS] [--rounds N]
+//!               [--interval SECS] [--timeout SECS] --event-cmd CMD [--label KEY=VALUE]...
 //! ```
+//!
+//! `stale` measures serving stale answers through an outage: it asks `--count` fresh names once
+//! (the system caches them), waits `--expire-wait` (they expire), runs `--event-cmd` (which takes
+//! every upstream down), then asks all the names again `--rounds` times, a round every
+//! `--interval` (or when the previous one is done): round 1 is each name's first lookup during
+//! the outage, the others the following ones.
 //!
 //! `run` prints one JSON line: the labels, what was asked, then the figures (see
 //! `loadtest/README.md`). `--outstanding N` is a closed loop (saturation); `--rate` an open loop
@@ -19,7 +28,7 @@
 use loadtest::names::{NameSet, Names};
 use loadtest::outcome::{Proto, RunSpec, Schedule, TransportStats};
 use loadtest::pace::{Load, Pacer};
-use loadtest::track::Tracker;
+use loadtest::track::{Expect, Tracker};
 use loadtest::{dns, now_ns, procfs, tcp, udp};
 use serde_json::{Value, json};
 use std::io::{BufWriter, Read, Write};
@@ -34,7 +43,9 @@ fn main() -> ExitCode {
         Some("dnsperf") => cmd_dnsperf(&args[1..]),
         Some("names") => cmd_names(&args[1..]),
         Some("probe") => cmd_probe(&args[1..]),
-        _ => Err("usage: dnsload run|dnsperf|names|probe [OPTIONS] (see the source's header or loadtest/README.md)".into()),
+        Some("count") => cmd_count(&args[1..]),
+        Some("stale") => cmd_stale(&args[1..]),
+        _ => Err("usage: dnsload run|dnsperf|names|probe|count|stale [OPTIONS] (see the source's header or loadtest/README.md)".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,12 +62,17 @@ struct Opts {
     datafile: Option<String>,
     count: u64,
     wait_s: f64,
+    expire_wait_s: f64,
+    rounds: u64,
+    interval_s: f64,
+    event_cmd: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut server: Option<SocketAddr> = None;
     let mut proto = Proto::Udp;
     let mut names = NameSet::Miss;
+    let mut expect = Expect::Derived;
     let mut channels = 8;
     let mut outstanding: Option<u64> = None;
     let mut rate: Option<String> = None;
@@ -75,6 +91,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     let mut datafile = None;
     let mut count = 1_000_000;
     let mut wait_s = 10.0;
+    let mut expire_wait_s = 6.0;
+    let mut rounds = 6;
+    let mut interval_s = 0.5;
     let mut seed = now_ns() ^ u64::from(std::process::id()) << 32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -91,6 +110,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--tcp" => proto = Proto::Tcp,
             "--udp" => proto = Proto::Udp,
             "--names" => names = NameSet::parse(&val(a)?)?,
+            "--expect" => expect = Expect::parse(&val(a)?)?,
             "--channels" => channels = num(a, val(a)?)?,
             "--outstanding" => outstanding = Some(num(a, val(a)?)?),
             "--rate" => rate = Some(val(a)?),
@@ -115,6 +135,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--datafile" => datafile = Some(val(a)?),
             "--count" => count = num(a, val(a)?)?,
             "--wait" => wait_s = num(a, val(a)?)?,
+            "--expire-wait" => expire_wait_s = num(a, val(a)?)?,
+            "--rounds" => rounds = num(a, val(a)?)?,
+            "--interval" => interval_s = num(a, val(a)?)?,
             "--seed" => seed = num(a, val(a)?)?,
             other => return Err(format!("unknown option {other:?}")),
         }
@@ -129,10 +152,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         (None, Some(r)) => Load::parse_rate(&r, warmup_s + duration_s)?,
         (None, None) => Load::Closed { outstanding: 100 },
     };
-    let event = match (event_at, event_cmd) {
+    let event = match (event_at, event_cmd.clone()) {
         (Some(t), Some(c)) => Some((t, c)),
-        (None, None) => None,
-        _ => return Err("--event-at and --event-cmd go together".into()),
+        (None, _) => None,
+        _ => return Err("--event-at needs --event-cmd".into()),
     };
     if channels == 0 {
         return Err("--channels must be at least 1".into());
@@ -141,6 +164,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         server: server.unwrap_or_else(|| "127.0.0.1:53".parse().expect("literal")),
         proto,
         names,
+        expect,
         channels,
         load,
         warmup_s,
@@ -161,6 +185,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         datafile,
         count,
         wait_s,
+        expire_wait_s,
+        rounds,
+        interval_s,
+        event_cmd,
     })
 }
 
@@ -211,12 +239,16 @@ fn generate_with(spec: &RunSpec, i: usize, n: usize, sched: &mut Schedule) -> Th
     let mut tracker = Tracker::new(
         channels,
         names,
+        spec.expect,
         (spec.timeout_s * 1e9) as u64,
         slow_ns,
         seed,
     );
     tracker.bucket_ns = spec.bucket_ms.max(1) * 1_000_000;
     tracker.start_ns = sched.start_ns;
+    if let Some((at, _)) = &spec.event {
+        tracker.fault_from_ns = sched.start_ns + (at * 1e9) as u64;
+    }
     tracker.window = sched.window;
     let socks = match spec.proto {
         Proto::Udp => udp::open(&mine)
@@ -273,6 +305,234 @@ fn cmd_probe(args: &[String]) -> Result<(), String> {
         "{} did not answer within {wait_s} s ({last_err})",
         spec.server
     ))
+}
+
+/// Prints the number of queries the harness's responder at `--server` has received.
+fn cmd_count(args: &[String]) -> Result<(), String> {
+    let Opts { spec, .. } = parse(args)?;
+    let name = dns::encode_name(dns::STATS_NAME).expect("literal");
+    let mut q = [0u8; 512];
+    let mut last_err = String::from("no reply");
+    for id in 1..=5u16 {
+        let len = dns::write_query(&mut q, id, &name, dns::TYPE_A).expect("fits");
+        match probe_udp(spec.server, &q[..len]) {
+            Ok(r) if dns::reply_head(&r).is_some_and(|h| h.id == id) && r.len() >= 4 => {
+                let n = u32::from_be_bytes([
+                    r[r.len() - 4],
+                    r[r.len() - 3],
+                    r[r.len() - 2],
+                    r[r.len() - 1],
+                ]);
+                println!("{n}");
+                return Ok(());
+            }
+            Ok(_) => last_err = "a reply that did not match".into(),
+            Err(e) => last_err = e.to_string(),
+        }
+    }
+    Err(format!(
+        "{} did not tell its query count ({last_err})",
+        spec.server
+    ))
+}
+
+/// What became of one query of `ask_all`.
+#[derive(Clone, Copy, Debug)]
+enum Fate {
+    Good(Duration),
+    /// Answered, but not with the upstream's answer (rcode or record).
+    Error(Duration),
+    Lost,
+}
+
+/// Sends one A query for each of `names` at once on `sock` (connected to the server) and waits up
+/// to `timeout` for the replies.
+fn ask_all(
+    sock: &UdpSocket,
+    names: &[Vec<u8>],
+    base_id: u16,
+    expect: Expect,
+    timeout: Duration,
+) -> std::io::Result<Vec<Fate>> {
+    let mut fates = vec![Fate::Lost; names.len()];
+    let mut q = [0u8; 512];
+    let t0 = Instant::now();
+    for (i, n) in names.iter().enumerate() {
+        let len =
+            dns::write_query(&mut q, base_id.wrapping_add(i as u16), n, dns::TYPE_A).expect("fits");
+        sock.send(&q[..len])?;
+    }
+    let deadline = t0 + timeout;
+    let mut left = names.len();
+    let mut buf = vec![0u8; 4096];
+    while left > 0 {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        sock.set_read_timeout(Some(deadline - now))?;
+        let n = match sock.recv(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break;
+            }
+            // ICMP errors of an earlier query: nothing to match.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => continue,
+            Err(e) => return Err(e),
+        };
+        let msg = &buf[..n];
+        let Some(head) = dns::reply_head(msg) else {
+            continue;
+        };
+        let i = head.id.wrapping_sub(base_id) as usize;
+        if i >= names.len() || !matches!(fates[i], Fate::Lost) || !dns::question_is(msg, &names[i])
+        {
+            continue;
+        }
+        let q_end = dns::HEADER + names[i].len() + 4;
+        let took = t0.elapsed();
+        let good = head.rcode == dns::RCODE_NOERROR
+            && msg.len() >= q_end
+            && dns::has_a(msg, q_end, expect.address(&names[i]));
+        fates[i] = if good {
+            Fate::Good(took)
+        } else {
+            Fate::Error(took)
+        };
+        left -= 1;
+    }
+    Ok(fates)
+}
+
+/// Counts and latency percentiles of a set of fates, into `m` with `prefix`.
+fn fate_figures(m: &mut serde_json::Map<String, Value>, prefix: &str, fates: &[Fate]) {
+    let mut lat: Vec<f64> = Vec::new();
+    let (mut good, mut errors, mut lost) = (0, 0, 0);
+    for f in fates {
+        match f {
+            Fate::Good(d) => {
+                good += 1;
+                lat.push(d.as_secs_f64() * 1e6);
+            }
+            Fate::Error(d) => {
+                errors += 1;
+                lat.push(d.as_secs_f64() * 1e6);
+            }
+            Fate::Lost => lost += 1,
+        }
+    }
+    m.insert(format!("{prefix}_asked"), json!(fates.len()));
+    m.insert(format!("{prefix}_good"), json!(good));
+    m.insert(format!("{prefix}_errors"), json!(errors));
+    m.insert(format!("{prefix}_lost"), json!(lost));
+    lat.sort_by(f64::total_cmp);
+    if !lat.is_empty() {
+        let q = |q: f64| lat[((q * lat.len() as f64).ceil() as usize).clamp(1, lat.len()) - 1];
+        m.insert(format!("{prefix}_p50_us"), json!(q(0.5).round()));
+        m.insert(format!("{prefix}_p99_us"), json!(q(0.99).round()));
+        m.insert(format!("{prefix}_max_us"), json!(q(1.0).round()));
+    }
+}
+
+fn cmd_stale(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    let spec = &o.spec;
+    let cmd = o
+        .event_cmd
+        .clone()
+        .ok_or("stale needs --event-cmd (what takes the upstreams down)")?;
+    let n = o.count.clamp(1, 1000) as usize;
+    // Fresh names for this run: no cache has seen them.
+    let mut names_gen = Names::new(NameSet::Miss, spec.seed);
+    let names: Vec<Vec<u8>> = (0..n)
+        .map(|_| {
+            let mut w = [0u8; 64];
+            let k = names_gen.next_key();
+            let len = names_gen.write_wire(k, &mut w);
+            w[..len].to_vec()
+        })
+        .collect();
+    let sock = UdpSocket::bind(if spec.server.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })
+    .and_then(|s| s.connect(spec.server).map(|_| s))
+    .map_err(|e| format!("cannot open a socket to {}: {e}", spec.server))?;
+    let timeout = Duration::from_secs_f64(spec.timeout_s);
+    let io = |e: std::io::Error| format!("talking to {}: {e}", spec.server);
+    let mut m = serde_json::Map::new();
+    for (k, v) in &spec.labels {
+        m.insert(k.clone(), json!(v));
+    }
+    m.insert("generator".into(), json!("dnsload stale"));
+    m.insert("server".into(), json!(spec.server.to_string()));
+    let mut id = spec.seed as u16;
+    let fill = ask_all(&sock, &names, id, spec.expect, timeout).map_err(io)?;
+    fate_figures(&mut m, "fill", &fill);
+    std::thread::sleep(Duration::from_secs_f64(o.expire_wait_s));
+    m.insert("expire_wait_s".into(), json!(o.expire_wait_s));
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(&cmd)
+        .status()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if !status.success() {
+        return Err(format!("the event command {cmd:?} failed ({status})"));
+    }
+    let t0 = Instant::now();
+    let mut first = Vec::new();
+    let mut next = Vec::new();
+    let mut round_max = Vec::new();
+    for r in 0..o.rounds.max(1) {
+        let due = t0 + Duration::from_secs_f64(o.interval_s * r as f64);
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        id = id.wrapping_add(n as u16);
+        let fates = ask_all(&sock, &names, id, spec.expect, timeout).map_err(io)?;
+        let worst = fates
+            .iter()
+            .map(|f| match f {
+                Fate::Good(d) | Fate::Error(d) => d.as_secs_f64() * 1e3,
+                Fate::Lost => f64::INFINITY,
+            })
+            .fold(0.0, f64::max);
+        round_max.push(if worst.is_finite() {
+            json!((worst * 10.0).round() / 10.0)
+        } else {
+            json!("lost")
+        });
+        if r == 0 {
+            first = fates;
+        } else {
+            next.extend(fates);
+        }
+    }
+    fate_figures(&mut m, "first", &first);
+    fate_figures(&mut m, "next", &next);
+    m.insert("rounds".into(), json!(o.rounds.max(1)));
+    m.insert("interval_s".into(), json!(o.interval_s));
+    m.insert("round_max_ms".into(), Value::Array(round_max));
+    let line = Value::Object(m);
+    eprintln!(
+        "    {:24} stale: fill good {}/{}  first lookups: good {} p50 {}us max {}us  next: good {}/{} p99 {}us max {}us",
+        line["system"].as_str().unwrap_or("-"),
+        line["fill_good"],
+        n,
+        line["first_good"],
+        line["first_p50_us"],
+        line["first_max_us"],
+        line["next_good"],
+        line["next_asked"],
+        line["next_p99_us"],
+        line["next_max_us"]
+    );
+    println!("{line}");
+    Ok(())
 }
 
 fn probe_udp(server: SocketAddr, q: &[u8]) -> std::io::Result<Vec<u8>> {
@@ -412,6 +672,7 @@ fn dnsperf_json(
         m.insert(k.clone(), json!(v));
     }
     m.insert("generator".into(), json!("dnsperf"));
+    m.insert("expect".into(), json!("rcode NOERROR (dnsperf)"));
     m.insert(
         "proto".into(),
         json!(if spec.proto == Proto::Udp {
@@ -441,13 +702,16 @@ fn dnsperf_json(
         ),
     };
     m.insert("window_s".into(), json!(run_s));
-    let ok = (count("noerror") + count("nxdomain")) as f64;
+    // dnsperf reports rcodes only: NOERROR is the best it can tell (the record is not checked;
+    // the harness's forwarding check before each measurement covers a system answering alone).
+    let ok = count("noerror") as f64;
     let good_share = if completed > 0.0 { ok / completed } else { 0.0 };
     m.insert("qps".into(), json!((qps * good_share).round()));
     m.insert("replies_qps".into(), json!(qps.round()));
     m.insert("offered_qps".into(), json!((sent / run_s).round()));
     m.insert("sent".into(), json!(sent as u64));
     m.insert("answered".into(), json!(completed as u64));
+    m.insert("good".into(), json!(ok as u64));
     m.insert("lost".into(), json!(lost as u64));
     for k in ["noerror", "nxdomain", "servfail", "refused"] {
         m.insert(k.into(), json!(count(k)));

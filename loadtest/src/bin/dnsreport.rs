@@ -6,7 +6,9 @@
 //!
 //! Groups the runs by scenario, system and phase, takes the median of each figure over the
 //! repetitions, and for the throughput and TCP scenarios divides each figure by the same figure
-//! of `direct` and of `localdns-fallback`. Prints the tables (also to `DIR/table.txt`), writes one
+//! of `direct` and of `localdns-fallback`. A system that failed the forwarding check, or (in
+//! those two scenarios) gave any answer that was not the upstream's, is marked INVALID with the
+//! reason and not ranked: no ratios, not in the chart. Prints the tables (also to `DIR/table.txt`), writes one
 //! JSON line per system and phase to `DIR/results.jsonl`, and draws `DIR/chart.png` with gnuplot
 //! (saturation QPS and p99 latency per system) when gnuplot is installed.
 
@@ -18,7 +20,18 @@ use std::process::{Command, ExitCode};
 
 const DIRECT: &str = "direct";
 const LF: &str = "localdns-fallback";
-const SCENARIOS: [&str; 6] = ["calibrate", "throughput", "tcp", "kill", "slow", "overload"];
+const SCENARIOS: [&str; 8] = [
+    "calibrate",
+    "throughput",
+    "tcp",
+    "kill",
+    "slow",
+    "faults",
+    "outage-stale",
+    "overload",
+];
+/// The forwarding check's phase (see `check_forwarding` in run.sh).
+const CHECK: &str = "check";
 
 fn main() -> ExitCode {
     match run() {
@@ -57,6 +70,48 @@ impl Scenario {
             Some(m) if v.len() > 1 && m.abs() > 0.0 => (hi - lo) / m.abs() > 0.25,
             _ => false,
         }
+    }
+
+    /// Why `system`'s figures in this scenario do not count, or None when they do: a failed
+    /// forwarding check, or (`answers_must_be_good`: throughput and TCP) any reply that was not
+    /// the upstream's answer, e.g. "246,147 NXDOMAIN".
+    fn invalid(&self, system: &str, answers_must_be_good: bool) -> Option<String> {
+        let mut why = Vec::new();
+        for ((sys, phase), runs) in &self.runs {
+            if sys != system {
+                continue;
+            }
+            for r in runs {
+                let n = |k: &str| r.get(k).and_then(num).unwrap_or(0.0);
+                if phase == CHECK {
+                    if r.get("check_ok") != Some(&Value::Bool(true)) {
+                        why.push(format!(
+                            "forwarding check: {} of {} answers were the upstream's, the upstream saw {} queries",
+                            n("good"),
+                            n("sent"),
+                            n("upstream_saw")
+                        ));
+                    }
+                    continue;
+                }
+                if !answers_must_be_good {
+                    continue;
+                }
+                for (k, label) in [
+                    ("nxdomain", "NXDOMAIN"),
+                    ("servfail", "SERVFAIL"),
+                    ("refused", "REFUSED"),
+                    ("other_rcode", "other rcode"),
+                    ("wrong_answer", "NOERROR without the upstream's record"),
+                ] {
+                    if n(k) > 0.0 {
+                        why.push(format!("{} {label} in {phase}", fmt_num(n(k), 0)));
+                    }
+                }
+            }
+        }
+        why.dedup();
+        (!why.is_empty()).then(|| why.join("; "))
     }
 
     /// How many repetitions of `system`/`phase` had `key` true (for booleans).
@@ -153,6 +208,8 @@ fn run() -> Result<(), String> {
             "throughput" => throughput_tables(s, &mut report),
             "tcp" => tcp_tables(s, &mut report),
             "kill" => kill_table(s, &mut report),
+            "faults" => faults_table(s, &mut report),
+            "outage-stale" => stale_table(s, &mut report),
             "slow" => slow_table(s, &mut report),
             "overload" => overload_table(s, &mut report),
             _ => {}
@@ -251,6 +308,8 @@ fn table(title: &str, note: &str, head: &[&str], rows: &[Vec<String>], out: &mut
 fn value_and_ratio_tables(s: &Scenario, title: &str, note: &str, cols: &[Col], out: &mut String) {
     let mut head = vec!["system"];
     head.extend(cols.iter().map(|c| c.title));
+    head.push("answers");
+    let invalid = |sys: &str| s.invalid(sys, true);
     let value = |sys: &str, c: &Col| s.median(sys, c.phase, c.key).map(|v| v * c.scale);
     let rows: Vec<Vec<String>> = s
         .systems
@@ -265,6 +324,7 @@ fn value_and_ratio_tables(s: &Scenario, title: &str, note: &str, cols: &[Col], o
                 };
                 value(sys, c).map_or("-".into(), |v| format!("{}{mark}", fmt_num(v, c.decimals)))
             }));
+            r.push(invalid(sys).map_or("all good".into(), |w| format!("INVALID: {w}")));
             r
         })
         .collect();
@@ -290,6 +350,10 @@ fn value_and_ratio_tables(s: &Scenario, title: &str, note: &str, cols: &[Col], o
             .iter()
             .map(|sys| {
                 let mut r = vec![sys.clone()];
+                if invalid(sys).is_some() || invalid(base).is_some() {
+                    r.extend(rcols.iter().map(|_| "INVALID".to_string()));
+                    return r;
+                }
                 r.extend(rcols.iter().map(|c| match (value(sys, c), value(base, c)) {
                     (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
                     (Some(0.0), Some(_)) => "=".into(),
@@ -326,15 +390,17 @@ fn throughput_tables(s: &Scenario, out: &mut String) {
         .find(|((_, p), _)| p == "sat-miss")
         .and_then(|(_, r)| r[0].get("outstanding").and_then(num))
         .map_or("?".into(), |v| format!("{v}"));
+    // From a measured phase: the forwarding checks always use dnsload.
     let generator = s
         .runs
-        .values()
-        .next()
-        .and_then(|r| r[0].get("generator").and_then(Value::as_str))
+        .iter()
+        .find(|((_, p), _)| p == "sat-miss")
+        .and_then(|(_, r)| r[0].get("generator").and_then(Value::as_str))
         .unwrap_or("?");
     let note = format!(
-        "UDP, generator {generator}, medians of {reps} repetition(s). QPS: good answers per second with {outstanding} queries \
-         outstanding (closed loop).\nLatency and loss: open loop at {rate} QPS, cache-miss names. CPU: the forwarder's \
+        "UDP, generator {generator}, medians of {reps} repetition(s). QPS: good answers (NOERROR with the upstream's record \
+         for that name; dnsperf: NOERROR) per second with {outstanding} queries outstanding (closed loop).\nanswers: \
+         INVALID when a forwarding check failed or any answer was not the upstream's (such a row is not ranked).\nLatency and loss: open loop at {rate} QPS, cache-miss names. CPU: the forwarder's \
          user+system time per answered query at saturation (cache-miss).\nRSS: resident memory just after start (idle) and \
          its peak over the run (VmHWM). '-': not applicable (no process of its own).\nother load: the share of \
          the machine's CPU taken by work other than the harness's during sat-miss (from /proc/stat)."
@@ -374,6 +440,166 @@ fn tcp_tables(s: &Scenario, out: &mut String) {
         col("CPU us/q", "tcp-sat", "cpu_us_per_query", 1),
     ];
     value_and_ratio_tables(s, "== TCP clients", note, &cols, out);
+}
+
+/// Milliseconds from a microsecond figure, with a sensible number of decimals.
+fn ms(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(us) if us < 10_000.0 => format!("{:.2}", us / 1000.0),
+        Some(us) => fmt_num(us / 1000.0, 0),
+    }
+}
+
+fn faults_table(s: &Scenario, out: &mut String) {
+    let head = [
+        "system",
+        "fault",
+        "QPS",
+        "sent after",
+        "errors",
+        "timeouts",
+        "slow",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "recovery s",
+        "check",
+    ];
+    let mut phases: Vec<&str> = Vec::new();
+    for (_, p) in s.runs.keys() {
+        if p != CHECK && !phases.contains(&p.as_str()) {
+            phases.push(p);
+        }
+    }
+    // The order the scenario runs them in.
+    let order = ["refuse", "servfail", "closed-port", "blackhole"];
+    phases.sort_by_key(|p| order.iter().position(|o| o == p).unwrap_or(order.len()));
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for phase in phases {
+        for sys in &s.systems {
+            let runs = s.runs.get(&(sys.clone(), phase.to_string()));
+            let check = s
+                .invalid(sys, false)
+                .map_or("ok".into(), |w| format!("INVALID: {w}"));
+            let Some(runs) = runs else {
+                if check != "ok" {
+                    rows.push(vec![sys.clone(), phase.into(), check]);
+                }
+                continue;
+            };
+            let f = |k: &str, d: usize| {
+                s.median(sys, phase, k)
+                    .map_or("-".into(), |v| fmt_num(v, d))
+            };
+            let qps = runs[0]
+                .get("rate")
+                .and_then(Value::as_str)
+                .and_then(|r| r.split(':').next())
+                .unwrap_or("?")
+                .to_string();
+            let (yes, n) = s.count_true(sys, phase, "recovered");
+            rows.push(vec![
+                sys.clone(),
+                phase.to_string(),
+                qps,
+                f("after_event_sent", 0),
+                f("after_event_errors", 0),
+                f("after_event_lost", 0),
+                f("after_event_slow", 0),
+                ms(s.median(sys, phase, "fault_p50_us")),
+                ms(s.median(sys, phase, "fault_p99_us")),
+                ms(s.median(sys, phase, "fault_max_us")),
+                if yes * 2 > n {
+                    f("recovery_s", 2)
+                } else {
+                    "never".into()
+                },
+                check,
+            ]);
+        }
+    }
+    table(
+        "== One of two kube-dns backends goes wrong mid-run (issue 12)",
+        "Open loop, cache-miss names; backend 2 goes wrong at the event: refuse / servfail = it answers every query \
+         REFUSED / SERVFAIL; closed-port = its server is SIGKILLed\n(the kernel answers ICMP port unreachable, \
+         rate-limited); blackhole = its namespace drops every DNS packet. Counts are of the queries sent after the \
+         event: errors = any answer\nthat is not the upstream's (non-NOERROR or without its record), timeouts = no \
+         answer within 5 s, slow = answered after more than 100 ms. p50/p99/max: latency of the\nqueries sent during \
+         the fault. recovery = from the event to the end of the last 100 ms interval with an error, timeout or slow \
+         answer ('never': still failing when the run ended).",
+        &head,
+        &rows,
+        out,
+    );
+}
+
+fn stale_table(s: &Scenario, out: &mut String) {
+    let head = [
+        "system",
+        "filled",
+        "first: good",
+        "errors",
+        "lost",
+        "p50 ms",
+        "max ms",
+        "next: good",
+        "errors",
+        "lost",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "check",
+    ];
+    let phase = "outage-stale";
+    let rows: Vec<Vec<String>> = s
+        .systems
+        .iter()
+        .map(|sys| {
+            let m = |k: &str| s.median(sys, phase, k);
+            let f = |k: &str| m(k).map_or("-".into(), |v| fmt_num(v, 0));
+            let of = |a: &str, b: &str| match (m(a), m(b)) {
+                (Some(x), Some(y)) => format!("{}/{}", fmt_num(x, 0), fmt_num(y, 0)),
+                _ => "-".into(),
+            };
+            vec![
+                sys.clone(),
+                of("fill_good", "fill_asked"),
+                of("first_good", "first_asked"),
+                f("first_errors"),
+                f("first_lost"),
+                ms(m("first_p50_us")),
+                ms(m("first_max_us")),
+                of("next_good", "next_asked"),
+                f("next_errors"),
+                f("next_lost"),
+                ms(m("next_p50_us")),
+                ms(m("next_p99_us")),
+                ms(m("next_max_us")),
+                s.invalid(sys, false)
+                    .map_or("ok".into(), |w| format!("INVALID: {w}")),
+            ]
+        })
+        .collect();
+    table(
+        "== Every upstream down, the cache holding expired entries (issue 12)",
+        "20 fresh names asked once (TTL 2 s), 6 s later every DNS packet to both upstreams is dropped and the 20 names \
+         are asked again, 6 rounds 0.5 s apart (or back to back when a round\ntakes longer). first = each name's first \
+         lookup during the outage, next = the 5 lookups after it. good = the upstream's (stale) answer; lost = no \
+         answer within 5 s.",
+        &head,
+        &rows,
+        out,
+    );
+}
+
+/// One line per system that failed its forwarding check (its row is empty or partial).
+fn invalid_lines(s: &Scenario, out: &mut String) {
+    for sys in &s.systems {
+        if let Some(w) = s.invalid(sys, false) {
+            let _ = writeln!(out, "INVALID {sys}: {w}");
+        }
+    }
 }
 
 fn kill_table(s: &Scenario, out: &mut String) {
@@ -427,6 +653,7 @@ fn kill_table(s: &Scenario, out: &mut String) {
         &rows,
         out,
     );
+    invalid_lines(s, out);
 }
 
 fn slow_table(s: &Scenario, out: &mut String) {
@@ -465,6 +692,7 @@ fn slow_table(s: &Scenario, out: &mut String) {
         &rows,
         out,
     );
+    invalid_lines(s, out);
 }
 
 fn overload_table(s: &Scenario, out: &mut String) {
@@ -517,6 +745,7 @@ fn overload_table(s: &Scenario, out: &mut String) {
         &rows,
         out,
     );
+    invalid_lines(s, out);
 }
 
 fn calibrate_table(s: &Scenario, out: &mut String) {
@@ -582,10 +811,13 @@ fn results_lines(scenario: &str, s: &Scenario, out: &mut String) {
                 }
             }
         }
+        let answers_must_be_good = matches!(scenario, "throughput" | "tcp");
         let line = json!({
             "scenario": scenario,
             "system": system,
             "phase": phase,
+            "valid": s.invalid(system, answers_must_be_good).is_none(),
+            "invalid": s.invalid(system, answers_must_be_good),
             "reps": runs.len(),
             "median": med,
             "x_direct": x_direct,
@@ -602,7 +834,8 @@ fn chart(s: &Scenario, out: &Path) -> Result<(), String> {
         return Ok(());
     }
     let mut dat = String::from("# system qps_miss qps_hit p50_us p99_us\n");
-    for sys in &s.systems {
+    // Invalid systems are not ranked, so not drawn either.
+    for sys in s.systems.iter().filter(|x| s.invalid(x, true).is_none()) {
         let g = |p: &str, k: &str| s.median(sys, p, k).unwrap_or(0.0);
         let _ = writeln!(
             dat,

@@ -2,10 +2,19 @@
 //!
 //! ```text
 //! responder --listen IP:PORT [--listen IP:PORT]... [--threads N] [--delay-ms MS] [--ttl SECS]
+//!           [--rcode NAME] [--fault-rcode NAME]
 //! ```
 //!
-//! Answers every query at once: A and AAAA with one record (192.0.2.1 / 2001:db8::1, TTL `--ttl`,
-//! default 300), other types NOERROR with no data; responses and malformed packets are dropped.
+//! Answers every query at once: A and AAAA with one record derived from the name (10.x.y.z and
+//! 2001:db8::10.x.y.z, see `dns::derived_a`, so the generator can check that an answer is this
+//! upstream's answer for that name; TTL `--ttl`, default 300), other types NOERROR with no data;
+//! responses and malformed packets are dropped. `--rcode REFUSED|SERVFAIL` answers every query
+//! with that error instead; `--fault-rcode` starts normal and switches to that error on SIGUSR1
+//! (the fault scenarios: a backend that starts refusing mid-run).
+//!
+//! It counts the queries it receives; `_stats.load.test. A`, asked directly, is answered with
+//! that count as the address (big-endian u32) and is not counted itself: the harness's proof
+//! that queries sent through a system really reached the upstream.
 //! UDP: `--threads` sockets per address (default: one per CPU) sharing the port with
 //! SO_REUSEPORT, each served by its own thread with `recvmmsg`/`sendmmsg` batches, answers built
 //! in place in the receive buffer. TCP: a thread per connection, pipelined queries answered in
@@ -19,7 +28,19 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Queries received (all threads, UDP and TCP), stats queries not included.
+static QUERIES: AtomicU64 = AtomicU64::new(0);
+/// The rcode answers get now, and the one SIGUSR1 switches to.
+static RCODE_NOW: AtomicU8 = AtomicU8::new(dns::RCODE_NOERROR);
+static RCODE_ON_SIGNAL: AtomicU8 = AtomicU8::new(dns::RCODE_NOERROR);
+
+extern "C" fn on_usr1(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    RCODE_NOW.store(RCODE_ON_SIGNAL.load(Ordering::Relaxed), Ordering::Relaxed);
+}
 
 const BATCH: usize = 64;
 
@@ -28,6 +49,20 @@ struct Config {
     threads: usize,
     delay: Duration,
     ttl: u32,
+    rcode: u8,
+    fault_rcode: Option<u8>,
+}
+
+fn rcode(name: &str, v: &str) -> Result<u8, String> {
+    match v.to_ascii_uppercase().as_str() {
+        "NOERROR" => Ok(dns::RCODE_NOERROR),
+        "SERVFAIL" => Ok(dns::RCODE_SERVFAIL),
+        "NXDOMAIN" => Ok(dns::RCODE_NXDOMAIN),
+        "REFUSED" => Ok(dns::RCODE_REFUSED),
+        _ => Err(format!(
+            "bad value {v:?} for {name}: NOERROR, SERVFAIL, NXDOMAIN or REFUSED"
+        )),
+    }
 }
 
 fn parse() -> Result<Config, String> {
@@ -39,6 +74,8 @@ fn parse() -> Result<Config, String> {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         delay: Duration::ZERO,
         ttl: 300,
+        rcode: dns::RCODE_NOERROR,
+        fault_rcode: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -48,12 +85,14 @@ fn parse() -> Result<Config, String> {
             "--threads" => c.threads = num::<usize>(&a, &v)?.max(1),
             "--delay-ms" => c.delay = Duration::from_millis(num(&a, &v)?),
             "--ttl" => c.ttl = num(&a, &v)?,
+            "--rcode" => c.rcode = rcode(&a, &v)?,
+            "--fault-rcode" => c.fault_rcode = Some(rcode(&a, &v)?),
             _ => return Err(format!("unknown option {a:?}")),
         }
     }
     if c.listen.is_empty() {
         return Err(
-            "usage: responder --listen IP:PORT [--threads N] [--delay-ms MS] [--ttl SECS]".into(),
+            "usage: responder --listen IP:PORT [--threads N] [--delay-ms MS] [--ttl SECS] [--rcode NAME] [--fault-rcode NAME]".into(),
         );
     }
     Ok(c)
@@ -67,6 +106,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    RCODE_NOW.store(c.rcode, Ordering::Relaxed);
+    if let Some(f) = c.fault_rcode {
+        RCODE_ON_SIGNAL.store(f, Ordering::Relaxed);
+        // SAFETY: installs a handler that only stores an atomic.
+        unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
+    }
     let mut handles = Vec::new();
     for addr in &c.listen {
         for _ in 0..c.threads {
@@ -127,7 +172,7 @@ fn serve_udp(sock: OwnedFd, ttl: u32) {
         let mut out = 0;
         for i in 0..n {
             let len = rx.lens[i];
-            if let Some(alen) = dns::answer_in_place(rx.slot_mut(i), len, ttl) {
+            if let Some(alen) = respond(rx.slot_mut(i), len, ttl) {
                 let (msg, dst) = (&rx.slot_mut(i)[..alen], out);
                 tx.slot_mut(dst)[..alen].copy_from_slice(msg);
                 tx.lens[dst] = alen;
@@ -168,7 +213,7 @@ fn serve_udp_delayed(sock: OwnedFd, ttl: u32, delay: Duration) {
         let due = Instant::now() + delay;
         for i in 0..n {
             let len = b.lens[i];
-            if let Some(alen) = dns::answer_in_place(b.slot_mut(i), len, ttl) {
+            if let Some(alen) = respond(b.slot_mut(i), len, ttl) {
                 let (addr, alen_addr) = peer(&b, i);
                 queue.push_back((due, b.slot_mut(i)[..alen].to_vec(), addr, alen_addr));
             }
@@ -184,6 +229,26 @@ fn serve_udp_delayed(sock: OwnedFd, ttl: u32, delay: Duration) {
         }
         let _ = out.send(fd, 0, k, true);
     }
+}
+
+/// The answer to the query in `buf[..len]`, built in place (see the module's header); counts it.
+fn respond(buf: &mut [u8], len: usize, ttl: u32) -> Option<usize> {
+    let noerror = dns::Answer {
+        ttl: 0,
+        rcode: dns::RCODE_NOERROR,
+    };
+    if dns::question_is(&buf[..len], dns::STATS_WIRE) {
+        let alen = dns::answer_in_place(buf, len, noerror)?;
+        let n = QUERIES.load(Ordering::Relaxed).min(u64::from(u32::MAX)) as u32;
+        buf[alen - 4..alen].copy_from_slice(&n.to_be_bytes());
+        return Some(alen);
+    }
+    QUERIES.fetch_add(1, Ordering::Relaxed);
+    let how = dns::Answer {
+        ttl,
+        rcode: RCODE_NOW.load(Ordering::Relaxed),
+    };
+    dns::answer_in_place(buf, len, how)
 }
 
 fn peer(b: &Batch, i: usize) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -216,7 +281,7 @@ fn serve_tcp(mut conn: TcpStream, ttl: u32, delay: Duration) {
                 break;
             }
             msg[..len].copy_from_slice(&inbuf[at + 2..at + 2 + len]);
-            if let Some(alen) = dns::answer_in_place(&mut msg, len, ttl) {
+            if let Some(alen) = respond(&mut msg, len, ttl) {
                 out.extend_from_slice(&(alen as u16).to_be_bytes());
                 out.extend_from_slice(&msg[..alen]);
             }
