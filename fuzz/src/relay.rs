@@ -8,7 +8,7 @@
 //! - a reply to a client carries its ID and its own spelling of the question, and is never larger
 //!   than the client may take (its EDNS size, 512 bytes without EDNS, over UDP): no amplification;
 //! - what goes upstream is a client's query unchanged but for the ID, to an upstream of the
-//!   right group, over the client's own transport, through a UDP socket of the right family;
+//!   right group, over the client's own transport (or TCP after a truncated UDP answer);
 //!   never a response;
 //! - a reply from the wrong address or port, or through the wrong socket, produces nothing.
 
@@ -27,8 +27,8 @@ use localdns_fallback::wire;
 
 use crate::{Input, NAMES, build_query, shape_reply, upstream_addr};
 
-/// Upstream sockets per family in the rig: enough to make "wrong socket" a real case.
-const V4_SOCKETS: usize = 2;
+/// Sockets per upstream in the rig: enough to make "wrong socket" a real case.
+const SOCKETS: usize = 2;
 
 struct ClientQuery {
     packet: Vec<u8>,
@@ -41,7 +41,6 @@ pub struct Rig {
     engine: Engine,
     t0: Instant,
     now_ms: u64,
-    v6_sockets: usize,
     max_inflight: usize,
     node: Vec<SocketAddr>,
     cluster: Vec<SocketAddr>,
@@ -74,7 +73,6 @@ impl Rig {
         } else {
             ListenerRole::Cluster
         };
-        let v6_sockets = usize::from(flags & 8 != 0);
         let node = vec![upstream_addr(1)];
         let cluster = match (flags >> 4) & 3 {
             0 => vec![upstream_addr(2), upstream_addr(3)],
@@ -87,8 +85,9 @@ impl Rig {
             upstream_timeout: Duration::from_secs(1),
             query_timeout: Duration::from_millis(2500),
             max_inflight,
-            udp_sockets_v4: V4_SOCKETS,
-            udp_sockets_v6: v6_sockets,
+            udp_sockets_per_upstream: SOCKETS,
+            stale_after: Duration::from_millis(1800),
+            stale_recheck: Duration::from_secs(30),
         };
         let engine = Engine::new(
             role,
@@ -102,7 +101,6 @@ impl Rig {
             engine,
             t0: Instant::now(),
             now_ms: 0,
-            v6_sockets,
             max_inflight,
             node,
             cluster,
@@ -168,8 +166,7 @@ impl Rig {
 
     fn check_upstream_send(&mut self, leg: Leg, bytes: Vec<u8>) {
         if let Via::Udp { socket } = leg.via {
-            assert!(socket < V4_SOCKETS + self.v6_sockets);
-            assert_eq!(leg.to.is_ipv4(), socket < V4_SOCKETS, "socket family");
+            assert!(socket < SOCKETS, "socket {socket} of {SOCKETS}");
         }
         assert!(
             self.node.contains(&leg.to) || self.cluster.contains(&leg.to),
@@ -178,10 +175,12 @@ impl Rig {
         );
         assert!(!wire::is_response(&bytes), "a response was forwarded");
         assert_eq!(wire::id(&bytes), leg.id, "the leg names the ID sent");
-        let tcp = matches!(leg.via, Via::Tcp);
+        // Over UDP only a UDP client's query; over TCP a TCP client's, or a UDP client's whose
+        // UDP answer came back truncated (fetched whole over TCP).
+        let udp = matches!(leg.via, Via::Udp { .. });
         assert!(
             self.clients.iter().any(|(client, c)| {
-                matches!(client, Client::Tcp(_)) == tcp
+                (!udp || matches!(client, Client::Udp(_)))
                     && c.packet.len() == bytes.len()
                     && c.packet[2..] == bytes[2..]
             }),
@@ -239,7 +238,7 @@ impl Rig {
     }
 
     pub fn step(&mut self, input: &mut Input) {
-        let sockets = V4_SOCKETS + self.v6_sockets;
+        let sockets = SOCKETS;
         match input.u8() % 8 {
             0 => {
                 let raw = input.blob().to_vec();
@@ -304,13 +303,19 @@ impl Rig {
                 }
                 let pick = usize::from(input.u16()) % self.sends.len();
                 let leg = self.sends[pick].0;
-                let failure = match input.u8() % 3 {
+                let failure = match input.u8() % 4 {
                     0 => Failure::Network(io::ErrorKind::ConnectionRefused),
                     1 => Failure::from_io(&io::Error::from_raw_os_error(24)),
+                    2 => Failure::NoSocket,
                     _ => Failure::Network(io::ErrorKind::UnexpectedEof),
                 };
                 let now = self.now();
-                self.engine.handle_failure(now, leg, failure);
+                if input.u8() % 4 == 0 {
+                    // An ICMP error on a socket connected to the upstream.
+                    self.engine.handle_unreachable(now, leg.to);
+                } else {
+                    self.engine.handle_failure(now, leg, failure);
+                }
                 self.absorb();
             }
             _ => self.advance(u64::from(input.u16() % 3000)),
