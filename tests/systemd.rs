@@ -47,6 +47,44 @@ fn binary() -> String {
     std::env::var("LOCALDNS_E2E_BINARY").unwrap_or_else(|_| BINARY.to_owned())
 }
 
+/// The stand-in CoreDNS and the prober (tests/systemd/standin.rs, plain `std`), compiled once per
+/// source version with the rustc of this toolchain into the target directory.
+fn standin() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            use std::hash::{Hash, Hasher};
+            let src = Path::new(MANIFEST_DIR).join("tests/systemd/standin.rs");
+            let text = fs::read(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            text.hash(&mut h);
+            let out =
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("standin-{:016x}", h.finish()));
+            if out.exists() {
+                return out;
+            }
+            // Built under a temporary name and renamed: parallel test processes never run a
+            // half-written binary.
+            let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+            let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+            let built = Command::new(&rustc)
+                .args(["--edition", "2021", "-O", "-o"])
+                .arg(&tmp)
+                .arg(&src)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
+            assert!(
+                built.status.success(),
+                "{rustc} {} failed:\n{}",
+                src.display(),
+                String::from_utf8_lossy(&built.stderr)
+            );
+            fs::rename(&tmp, &out).unwrap();
+            out
+        })
+        .clone()
+}
+
 /// Where the root file systems are cached between runs (see build-rootfs.sh).
 const ROOTFS_CACHE: &str = "/var/cache/localdns-fallback-tests";
 /// Prefix of every container and cgroup name this file makes.
@@ -275,7 +313,7 @@ impl Container {
             tmp,
             reaper: None,
         };
-        fs::create_dir_all(&c.tmp).unwrap();
+        fs::create_dir_all(c.tmp.join("out")).unwrap();
         c.reaper = Some(spawn_reaper(&c));
         let console = c.tmp.join("console.log");
         let log = fs::File::create(&console).unwrap();
@@ -296,6 +334,12 @@ impl Container {
         .arg(format!("--bind-ro={MANIFEST_DIR}/tests/systemd:/opt/test"))
         .arg(format!("--bind-ro={MANIFEST_DIR}/units:/opt/units"))
         .arg(format!("--bind-ro={}:/opt/bin/localdns-fallback", binary()))
+        .arg(format!(
+            "--bind-ro={}:/opt/bin/standin",
+            standin().display()
+        ))
+        // The prober's samples, read by the test from the host side.
+        .arg(format!("--bind={}:/opt/out", c.tmp.join("out").display()))
         // A pure cgroup2 tree inside, as on AKS nodes (and systemd 257 wants it), even where
         // the host is hybrid.
         .env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
@@ -1527,6 +1571,274 @@ fn healthy_node_and_static_checks(suite: Suite) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// LocalDNS's failure lifecycle, phase by phase, as pods see it (issue 15)
+// ---------------------------------------------------------------------------------------------
+
+/// What the prober asks (tests/systemd/standin.rs `probe`): `.11` and `.10` a cluster name (served
+/// by kube-dns through the fallback) and `.10` an external name (served by the VNet DNS, which the
+/// fallback learns from resolv.conf, possibly only a moment after it starts).
+const PROBE_TARGETS: [(&str, &str, [Ipv4Addr; 2]); 3] = [
+    (
+        "169.254.10.11",
+        CLUSTER_NAME,
+        [LOCALDNS_CLUSTER_IP, KUBEDNS_CLUSTER_IP],
+    ),
+    (
+        "169.254.10.10",
+        CLUSTER_NAME,
+        [LOCALDNS_CLUSTER_IP, KUBEDNS_CLUSTER_IP],
+    ),
+    (
+        "169.254.10.10",
+        EXTERNAL_NAME,
+        [LOCALDNS_EXTERNAL_IP, VNETDNS_EXTERNAL_IP],
+    ),
+];
+const PROBE_LABELS: [&str; 3] = [".11 cluster", ".10 cluster", ".10 external"];
+/// The prober's cadence and patience: a query every 20 ms per target, 100 ms to answer.
+const PROBE_EVERY_MS: u64 = 20;
+const PROBE_TIMEOUT_MS: u64 = 100;
+
+#[derive(Clone, Debug)]
+struct ProbeSample {
+    sent: u64,
+    target: usize,
+    /// Answered in time by LocalDNS or the fallback (their marker addresses).
+    ok: bool,
+}
+
+/// The prober, running inside the container's namespaces until [`Prober::finish`].
+struct Prober {
+    child: Option<Child>,
+    file: PathBuf,
+}
+
+impl Prober {
+    fn start(c: &Container, tag: &str) -> Prober {
+        let name = format!("probe-{tag}.txt");
+        let file = c.tmp.join("out").join(&name);
+        let _ = fs::remove_file(&file);
+        let _ = fs::remove_file(file.with_extension("txt.stop"));
+        let mut cmd = c.nsenter(&["--all"]);
+        cmd.arg("/opt/bin/standin")
+            .arg("probe")
+            .arg(format!("/opt/out/{name}"))
+            .args(["--every-ms", &PROBE_EVERY_MS.to_string()])
+            .args(["--timeout-ms", &PROBE_TIMEOUT_MS.to_string()])
+            .args(PROBE_TARGETS.iter().map(|(s, n, _)| format!("{s}={n}")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().expect("cannot start the prober");
+        // Its first samples: the phase starts from a serving node.
+        std::thread::sleep(Duration::from_millis(300));
+        Prober {
+            child: Some(child),
+            file,
+        }
+    }
+
+    /// Stops the prober and returns its samples, ordered by when they were sent.
+    fn finish(mut self) -> Vec<ProbeSample> {
+        fs::write(self.file.with_extension("txt.stop"), "").unwrap();
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = fs::read_to_string(&self.file).unwrap_or_default();
+        let mut v: Vec<ProbeSample> = text
+            .lines()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                let [sent, _done, target, answer] = w[..] else {
+                    return None;
+                };
+                let (server, name) = target.split_once('=')?;
+                let t = PROBE_TARGETS
+                    .iter()
+                    .position(|(s, n, _)| *s == server && *n == name)?;
+                let ok = answer
+                    .parse::<Ipv4Addr>()
+                    .is_ok_and(|a| PROBE_TARGETS[t].2.contains(&a));
+                Some(ProbeSample {
+                    sent: sent.parse().ok()?,
+                    target: t,
+                    ok,
+                })
+            })
+            .collect();
+        v.sort_by_key(|s| s.sent);
+        v
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Per target: (dark ms, failed probes). Dark is the time from each first failed probe to the
+/// next answered one, summed over the phase.
+fn dark_time(samples: &[ProbeSample]) -> [(f64, usize); 3] {
+    let mut out = [(0.0, 0); 3];
+    for (t, slot) in out.iter_mut().enumerate() {
+        let mut dark_since: Option<u64> = None;
+        for s in samples.iter().filter(|s| s.target == t) {
+            match (s.ok, dark_since) {
+                (false, None) => {
+                    dark_since = Some(s.sent);
+                    slot.1 += 1;
+                }
+                (false, Some(_)) => slot.1 += 1,
+                (true, Some(since)) => {
+                    slot.0 += ms(s.sent - since);
+                    dark_since = None;
+                }
+                (true, None) => {}
+            }
+        }
+        if let (Some(since), Some(last)) = (dark_since, samples.last()) {
+            slot.0 += ms(last.sent - since);
+        }
+    }
+    out
+}
+
+/// Waits until LocalDNS is active and the fallback is not running, then a moment more (the
+/// prober's view of the settled state is part of the phase).
+fn wait_settled_on_localdns(c: &mut Container) {
+    c.wait_until("LocalDNS active", Duration::from_secs(30), |c| {
+        c.show("localdns.service", "ActiveState") == "active"
+    });
+    c.wait_until("the fallback to leave", Duration::from_secs(15), |c| {
+        !matches!(
+            c.show("localdns-fallback.service", "ActiveState").as_str(),
+            "active" | "activating" | "deactivating"
+        )
+    });
+    c.expect_answers(Who::LocalDns, "LocalDNS serves, settled");
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+/// The phases, several runs in one container: one crash that LocalDNS restarts from by itself; a
+/// crash storm to the terminal failure; the handoff back to LocalDNS (recovery by reset-failed +
+/// start); `systemctl restart localdns`; and the handoff back to a LocalDNS whose server binds
+/// without SO_REUSEPORT (it cannot join the fallback's sockets). Dark time per phase and target,
+/// median over runs, is printed and written to `target/tmp/systemd-phases-<suite>.md`.
+fn lifecycle_phases(suite: Suite) {
+    let mut c = Container::boot(suite, Boot::default());
+    let mut w = Windows::default();
+    let record = |w: &mut Windows, phase: &str, samples: &[ProbeSample]| -> [(f64, usize); 3] {
+        let d = dark_time(samples);
+        for (t, (dark, failed)) in d.iter().enumerate() {
+            w.add(&format!("{phase}: dark {} (ms)", PROBE_LABELS[t]), *dark);
+            w.add(
+                &format!("{phase}: failed probes {}", PROBE_LABELS[t]),
+                *failed as f64,
+            );
+        }
+        d
+    };
+    for run in 1..=runs() {
+        // 1. One crash; LocalDNS restarts by itself (RestartSec=1s, then its server's start-up).
+        let p = Prober::start(&c, &format!("{run}-crash"));
+        let restarts = c.show_us("localdns.service", "NRestarts");
+        c.ok("systemctl kill --signal=SIGKILL localdns.service");
+        c.wait_until("LocalDNS restarted", Duration::from_secs(20), |c| {
+            c.show_us("localdns.service", "NRestarts") > restarts
+        });
+        wait_settled_on_localdns(&mut c);
+        let crash = record(&mut w, "one crash, restarted", &p.finish());
+
+        // 2. A crash storm to the terminal failure: each restart SIGKILLs itself.
+        let p = Prober::start(&c, &format!("{run}-storm"));
+        c.crash_storm();
+        c.wait_localdns_failed_and_fallback_active();
+        c.expect_answers(Who::Fallback, "the fallback serves after the storm");
+        std::thread::sleep(Duration::from_millis(1000));
+        let storm = record(&mut w, "storm to failed", &p.finish());
+
+        // 3. The handoff back: recovery as an operator does it.
+        let p = Prober::start(&c, &format!("{run}-handoff"));
+        c.recover_localdns();
+        wait_settled_on_localdns(&mut c);
+        c.assert_fallback_stopped_cleanly("after the handoff back");
+        let handoff = record(&mut w, "handoff back (SO_REUSEPORT)", &p.finish());
+
+        // 4. systemctl restart localdns.
+        let p = Prober::start(&c, &format!("{run}-restart"));
+        c.ok("systemctl restart localdns.service");
+        wait_settled_on_localdns(&mut c);
+        let restart = record(&mut w, "systemctl restart", &p.finish());
+
+        // 5. The handoff back to a LocalDNS that cannot join the fallback's sockets: it must be
+        // serving after its next start attempt at the latest.
+        c.crash_storm();
+        c.wait_localdns_failed_and_fallback_active();
+        c.expect_answers(Who::Fallback, "the fallback serves after the storm");
+        c.ok("echo plain > /run/localdns-test/variant");
+        let p = Prober::start(&c, &format!("{run}-plain"));
+        c.set_localdns_failure(None);
+        c.ok("systemctl reset-failed localdns.service");
+        let before = c.show_us("localdns.service", "NRestarts");
+        c.ok("systemctl start --no-block localdns.service");
+        c.wait_until(
+            "LocalDNS without SO_REUSEPORT serving",
+            Duration::from_secs(20),
+            |c| {
+                c.show("localdns.service", "ActiveState") == "active"
+                    && PROBES.iter().all(|&p| c.ask(p) == Who::LocalDns)
+            },
+        );
+        let attempts = 1 + c
+            .show_us("localdns.service", "NRestarts")
+            .saturating_sub(before);
+        if attempts > 2 {
+            c.fail(&format!(
+                "LocalDNS without SO_REUSEPORT needed {attempts} start attempts (at most 2: the fallback yields before the second)"
+            ));
+        }
+        wait_settled_on_localdns(&mut c);
+        let plain = record(&mut w, "handoff back (no SO_REUSEPORT)", &p.finish());
+        w.add(
+            "handoff back (no SO_REUSEPORT): LocalDNS start attempts",
+            attempts as f64,
+        );
+        c.ok("rm -f /run/localdns-test/variant");
+        c.ok("systemctl restart localdns.service");
+        wait_settled_on_localdns(&mut c);
+
+        let f = |d: [(f64, usize); 3]| {
+            format!(
+                "{:.0}/{:.0}/{:.0} ms ({}/{}/{} failed)",
+                d[0].0, d[1].0, d[2].0, d[0].1, d[1].1, d[2].1
+            )
+        };
+        eprintln!(
+            "[{}] run {run}, dark .11 cluster/.10 cluster/.10 external: crash {}; storm {}; handoff {}; restart {}; handoff without SO_REUSEPORT {} ({attempts} attempts)",
+            suite.label(),
+            f(crash),
+            f(storm),
+            f(handoff),
+            f(restart),
+            f(plain)
+        );
+    }
+    let summary = w.summary(suite);
+    eprintln!("\n{summary}");
+    let file =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("systemd-phases-{}.md", suite.name()));
+    fs::write(&file, &summary).unwrap();
+    eprintln!("(written to {})", file.display());
+}
+
 /// The scenarios, once per systemd generation.
 macro_rules! generation {
     ($module:ident, $suite:expr) => {
@@ -1551,6 +1863,11 @@ macro_rules! generation {
             #[test]
             fn s5_wedged_fallback_is_killed_by_the_watchdog_and_restarted() {
                 wedged_fallback($suite);
+            }
+
+            #[test]
+            fn s7_lifecycle_phases_dark_time() {
+                lifecycle_phases($suite);
             }
 
             #[test]
