@@ -41,6 +41,7 @@ pub mod cli;
 pub mod discover;
 pub mod engine;
 pub mod frame;
+pub mod handoff;
 pub mod link;
 pub mod listen;
 pub mod mailbox;

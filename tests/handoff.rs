@@ -1,0 +1,252 @@
+//! Sharing LocalDNS's ports and handing them back (issue 15), in network namespaces:
+//! - the steering program keeps every new flow on the fallback's sockets while it serves, even
+//!   when a socket bound later (a LocalDNS that is starting) or earlier (an orphaned CoreDNS)
+//!   shares the SO_REUSEPORT group; after `hand_over` new flows go to the other member, what the
+//!   fallback had queued is still there to answer; after `release` the group shares again;
+//! - the listener addresses on `lo` keep the daemon answering while LocalDNS deletes and
+//!   recreates its link, and the fallback never makes that link itself.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use common::*;
+use localdns_fallback::listen::{self, Bound};
+use localdns_fallback::{handoff, link};
+use socket2::{Domain, Protocol, Socket, Type};
+
+const LISTENER: &str = "169.254.10.10:53";
+
+fn listener() -> SocketAddr {
+    LISTENER.parse().expect("literal")
+}
+
+/// A namespace with the listener address on `lo`.
+fn node() -> Netns {
+    require_root_and_tools(&["ip"]);
+    let ns = Netns::new("handoff");
+    ns.ip("addr add 169.254.10.10/32 dev lo");
+    ns
+}
+
+/// Our listener, bound the way the daemon binds it.
+fn bind_ours() -> Bound {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(listen::bind_listener(listener(), Duration::from_secs(1)))
+        .expect("binds")
+}
+
+/// Another process's sockets on the same port with SO_REUSEPORT, as CoreDNS binds them.
+fn bind_coredns() -> (UdpSocket, std::net::TcpListener) {
+    let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+    udp.set_reuse_port(true).unwrap();
+    udp.bind(&listener().into()).unwrap();
+    let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+    tcp.set_reuse_port(true).unwrap();
+    tcp.set_reuse_address(true).unwrap();
+    tcp.bind(&listener().into()).unwrap();
+    tcp.listen(128).unwrap();
+    let udp: UdpSocket = udp.into();
+    udp.set_nonblocking(true).unwrap();
+    let tcp: std::net::TcpListener = tcp.into();
+    tcp.set_nonblocking(true).unwrap();
+    (udp, tcp)
+}
+
+/// Sends `n` datagrams, each from a new socket (a new flow), tagged `tag`.
+fn send_flows(n: usize, tag: u8) {
+    for i in 0..n {
+        let c = UdpSocket::bind("0.0.0.0:0").unwrap();
+        c.send_to(&[tag, i as u8], listener()).unwrap();
+    }
+}
+
+/// Datagrams waiting on `s`, by tag.
+fn drain_udp(s: &UdpSocket) -> Vec<u8> {
+    std::thread::sleep(Duration::from_millis(50));
+    let mut tags = Vec::new();
+    let mut buf = [0u8; 16];
+    while let Ok(n) = s.recv(&mut buf) {
+        if n > 0 {
+            tags.push(buf[0]);
+        }
+    }
+    tags
+}
+
+/// Opens `n` TCP connections to the listener and returns them (kept open until dropped).
+fn connect_flows(n: usize) -> Vec<std::net::TcpStream> {
+    (0..n)
+        .map(|_| std::net::TcpStream::connect_timeout(&listener(), Duration::from_secs(2)).unwrap())
+        .collect()
+}
+
+fn accepted(l: &std::net::TcpListener) -> usize {
+    std::thread::sleep(Duration::from_millis(50));
+    let mut n = 0;
+    while l.accept().is_ok() {
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() {
+    let ns = node();
+    ns.enter(|| {
+        let ours = bind_ours();
+        assert_eq!((ours.steering.udp_slot, ours.steering.tcp_slot), (0, 0));
+        ours.udp.set_nonblocking(true).unwrap();
+        let our_tcp = ours.tcp.into_std().unwrap();
+        our_tcp.set_nonblocking(true).unwrap();
+        // LocalDNS starting beside us: bound, in the group.
+        let (ld_udp, ld_tcp) = bind_coredns();
+
+        send_flows(200, 1);
+        let _c1 = connect_flows(20);
+        assert_eq!(
+            drain_udp(&ours.udp).len(),
+            200,
+            "every flow to the fallback"
+        );
+        assert!(
+            drain_udp(&ld_udp).is_empty(),
+            "none to the starting LocalDNS"
+        );
+        assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (20, 0));
+
+        // LocalDNS is ready: hand over. Queued before, still ours to answer; new flows go to it.
+        send_flows(50, 2);
+        let fds = [handoff::ListenerFds {
+            steering: ours.steering,
+            udp: ours.udp.as_fd(),
+            tcp: our_tcp.as_fd(),
+        }];
+        handoff::hand_over(&fds);
+        send_flows(200, 3);
+        let _c2 = connect_flows(20);
+        let mine = drain_udp(&ours.udp);
+        assert_eq!(
+            mine,
+            vec![2; 50],
+            "exactly what was queued before the hand-over"
+        );
+        assert_eq!(
+            drain_udp(&ld_udp),
+            vec![3; 200],
+            "every new flow to LocalDNS"
+        );
+        assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (0, 20));
+
+        // Released: plain SO_REUSEPORT sharing, both members get flows.
+        handoff::release(&fds);
+        send_flows(200, 4);
+        let (a, b) = (drain_udp(&ours.udp).len(), drain_udp(&ld_udp).len());
+        assert_eq!(a + b, 200);
+        assert!(a > 20 && b > 20, "shared after release: {a} / {b}");
+    });
+}
+
+#[test]
+fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
+    let ns = node();
+    ns.enter(|| {
+        let (orphan_udp, orphan_tcp) = bind_coredns();
+        let ours = bind_ours();
+        assert_eq!(
+            (ours.steering.udp_slot, ours.steering.tcp_slot),
+            (1, 1),
+            "joined after the orphan"
+        );
+        ours.udp.set_nonblocking(true).unwrap();
+        let our_tcp = ours.tcp.into_std().unwrap();
+        our_tcp.set_nonblocking(true).unwrap();
+        send_flows(200, 1);
+        let _c = connect_flows(20);
+        assert_eq!(drain_udp(&ours.udp).len(), 200);
+        assert!(drain_udp(&orphan_udp).is_empty());
+        assert_eq!((accepted(&our_tcp), accepted(&orphan_tcp)), (20, 0));
+    });
+}
+
+#[test]
+fn a_socket_without_so_reuseport_cannot_bind_beside_the_fallback() {
+    // What LocalDNS's server meets if it binds without SO_REUSEPORT: the fallback must yield the
+    // ports (the units do it before LocalDNS's next start attempt).
+    let ns = node();
+    ns.enter(|| {
+        let _ours = bind_ours();
+        let e = UdpSocket::bind(LISTENER).expect_err("the port is shared only with SO_REUSEPORT");
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+    });
+}
+
+#[test]
+fn loopback_addresses_are_claimed_once_and_released() {
+    let ns = Netns::new("lo");
+    let addrs = [
+        "169.254.10.10".parse().unwrap(),
+        "169.254.10.11".parse().unwrap(),
+    ];
+    ns.enter(|| {
+        let first = link::claim_on_loopback(&addrs).unwrap();
+        assert_eq!(first.added, addrs);
+        let again = link::claim_on_loopback(&addrs).unwrap();
+        assert_eq!((again.added.len(), again.present), (0, addrs.to_vec()));
+    });
+    let shown = ns.ip("-4 addr show dev lo");
+    assert!(
+        shown.contains("169.254.10.10/32") && shown.contains("169.254.10.11/32"),
+        "{shown}"
+    );
+    ns.enter(|| {
+        link::release_from_loopback(&addrs).unwrap();
+        link::release_from_loopback(&addrs).expect("releasing twice is fine");
+    });
+    let shown = ns.ip("-4 addr show dev lo");
+    assert!(!shown.contains("169.254.10.1"), "{shown}");
+}
+
+#[test]
+fn the_daemon_keeps_answering_while_localdns_recreates_its_link() {
+    let node = OneUpstream::start(
+        Mode::Normal {
+            answer_v4: "10.0.0.1".parse().unwrap(),
+        },
+        &[],
+    );
+    let ns = &node.topo.node;
+    let on_lo = ns.ip("-4 addr show dev lo");
+    assert!(
+        on_lo.contains("169.254.10.10/32") && on_lo.contains("169.254.10.11/32"),
+        "{on_lo}"
+    );
+    let ask = |l: &str| dig(ns, &[&format!("@{l}"), "+time=1", "+tries=1", "a.example"]);
+    // LocalDNS's start: delete the link, (a moment later) recreate it with both addresses.
+    ns.ip("link del localdns");
+    for l in ["169.254.10.10", "169.254.10.11"] {
+        let r = ask(l);
+        assert_eq!(r.answers, ["10.0.0.1"], "{l} without the link: {}", r.raw);
+    }
+    // The fallback does not put the link back: LocalDNS's own `ip link add` must not collide.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !ns.ip("link show").contains("localdns"),
+        "the fallback made the link"
+    );
+    ns.ip("link add localdns type veth peer name localdns-p");
+    ns.ip("addr add 169.254.10.10/32 dev localdns");
+    ns.ip("addr add 169.254.10.11/32 dev localdns");
+    ns.ip("link set localdns up");
+    let started = Instant::now();
+    for l in ["169.254.10.10", "169.254.10.11"] {
+        let r = ask(l);
+        assert_eq!(r.answers, ["10.0.0.1"], "{l} with the link back: {}", r.raw);
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
