@@ -334,8 +334,8 @@ fn the_check_requires_every_directive_of_the_drop_in() {
         .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
         .collect();
     assert!(
-        directives.iter().any(|d| d.starts_with("OnFailure=")),
-        "the drop-in has no OnFailure=: {directives:?}"
+        directives.iter().any(|d| d.starts_with("ExecStopPost=")),
+        "the drop-in has no ExecStopPost= (the start on failure): {directives:?}"
     );
     for directive in directives {
         root.sh(
