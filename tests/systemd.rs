@@ -1462,21 +1462,8 @@ fn lifecycle_phases(suite: Suite) {
         wait_settled_on_localdns(&mut c);
         let samples = p.finish();
         let crash = record(&mut w, "one crash, restarted", &samples);
-        // Takeover: LocalDNS's main process gone → the first answer by the fallback.
-        let exited = c.show_us("localdns.service", "ExecMainExitTimestampMonotonic");
-        let first = samples
-            .iter()
-            .filter(|s| s.who == Who::Fallback && s.done > exited)
-            .map(|s| s.done)
-            .min();
-        match first {
-            Some(at) => w.add(
-                "takeover at the first failure (LocalDNS exit → first fallback answer, ms)",
-                ms(at - exited),
-            ),
-            None => c.fail("the fallback answered no probe during the crash"),
-        }
-        // Where the time goes, from the journal's monotonic stamps.
+        // Takeover: LocalDNS's main process gone → the first answer by the fallback; and where
+        // the time goes, from the journal's monotonic stamps.
         let journal = c.journal_since(&cursor);
         let stamp = |needle: &str| -> Option<u64> {
             journal.lines().find(|l| l.contains(needle)).and_then(|l| {
@@ -1490,14 +1477,24 @@ fn lifecycle_phases(suite: Suite) {
                 Some((t * 1e6) as u64)
             })
         };
+        let exited = stamp("localdns.service: Main process exited")
+            .unwrap_or_else(|| c.fail("no exit of LocalDNS's main process in the journal"));
+        let first = samples
+            .iter()
+            .filter(|s| s.who == Who::Fallback && s.done > exited)
+            .map(|s| s.done)
+            .min()
+            .unwrap_or_else(|| c.fail("the fallback answered no probe during the crash"));
+        w.add(
+            "takeover at the first failure (LocalDNS exit → first fallback answer, ms)",
+            ms(first - exited),
+        );
+        let starting = stamp("Starting localdns-fallback.service");
         let ready = journal
             .lines()
             .find(|l| l.contains("localdns-fallback[") && l.ends_with(" INFO ready"))
-            .map(|l| l.to_owned());
-        let ready = ready.and_then(|l| stamp(&l));
-        if let (Some(starting), Some(ready), Some(at)) =
-            (stamp("Starting localdns-fallback.service"), ready, first)
-        {
+            .and_then(stamp);
+        if let (Some(starting), Some(ready)) = (starting, ready) {
             w.add(
                 "  of which: LocalDNS exit → fallback start job (LocalDNS's own ExecStopPost, then ours), ms",
                 ms(starting.saturating_sub(exited)),
@@ -1508,7 +1505,7 @@ fn lifecycle_phases(suite: Suite) {
             );
             w.add(
                 "  of which: READY=1 → first answer seen by the prober, ms",
-                ms(at.saturating_sub(ready)),
+                ms(first.saturating_sub(ready)),
             );
         }
 
