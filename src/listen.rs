@@ -148,7 +148,7 @@ fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, S
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
-    steer_to(udp.as_fd(), udp_slot)?;
+    steer_or_warn(udp.as_fd(), udp_slot, addr);
     let tcp_slot = group_members(addr, Proto::Tcp)?.len() as u32;
     let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
     // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
@@ -156,7 +156,7 @@ fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, S
     tcp.bind(&addr.into())?;
     // A TCP socket joins its group when it starts listening; the program goes on after that.
     tcp.listen(TCP_BACKLOG)?;
-    steer_to(tcp.as_fd(), tcp_slot)?;
+    steer_or_warn(tcp.as_fd(), tcp_slot, addr);
     Ok((
         udp,
         tcp,
@@ -292,6 +292,13 @@ fn attach(fd: BorrowedFd<'_>, program: &[nix::libc::sock_filter]) -> io::Result<
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Steering is worth having, not worth failing for: without it we still serve, sharing flows.
+fn steer_or_warn(fd: BorrowedFd<'_>, slot: u32, addr: SocketAddr) {
+    if let Err(e) = steer_to(fd, slot) {
+        tracing::warn!(%addr, error = %e, "cannot steer flows to our socket; sharing them with any other member");
     }
 }
 
