@@ -28,7 +28,7 @@ pub const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// One listener's sockets and their place in the groups.
 pub struct ListenerFds<'a> {
-    pub steering: Steering,
+    pub steering: &'a Steering,
     pub udp: BorrowedFd<'a>,
     pub tcp: BorrowedFd<'a>,
 }

@@ -42,27 +42,62 @@ pub struct Bound {
 }
 
 /// Our place in the SO_REUSEPORT groups of one listener address (UDP and TCP have a group each).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Steering {
     pub addr: SocketAddr,
-    /// Index of our UDP socket in its group.
-    pub udp_slot: u32,
-    /// Index of our TCP listener in its group.
-    pub tcp_slot: u32,
+    pub udp: Slot,
+    pub tcp: Slot,
 }
 
 impl Steering {
+    /// Index of our UDP socket in its group, if known.
+    pub fn udp_slot(&self) -> Option<u32> {
+        self.udp.index()
+    }
+
+    /// Index of our TCP listener in its group, if known.
+    pub fn tcp_slot(&self) -> Option<u32> {
+        self.tcp.index()
+    }
+
+    /// Follows members that came or went since the last look and, where our index moved, points
+    /// the program at the new one. If it can no longer be known (a member below us left while we
+    /// were the last one), the program is detached: plain sharing beats steering to a stranger.
+    /// Cheap (reads the listeners' lines of /proc/net); the serving side calls it every 100 ms
+    /// or so while it is in charge.
+    pub fn follow(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
+        let addr = self.addr;
+        for (slot, fd, proto) in [
+            (&mut self.udp, udp, Proto::Udp),
+            (&mut self.tcp, tcp, Proto::Tcp),
+        ] {
+            let before = slot.index();
+            slot.update(&group_members(addr, proto)?);
+            match (before, slot.index()) {
+                (a, b) if a == b => {}
+                (_, Some(index)) => {
+                    tracing::info!(%addr, ?proto, index, "our place in the port's group moved");
+                    steer_to(fd, index)?;
+                }
+                (_, None) => {
+                    tracing::warn!(%addr, ?proto, "our place in the port's group is no longer known; sharing flows");
+                    unsteer(fd)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Sends new flows to the other members of each group (LocalDNS, once it is ready) and no
     /// longer to us, so that what we still have can be answered before we close. With no other
     /// member (LocalDNS not bound) flows stay on our sockets.
     pub fn hand_over(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
-        for (fd, slot, proto) in [
-            (udp, self.udp_slot, Proto::Udp),
-            (tcp, self.tcp_slot, Proto::Tcp),
-        ] {
+        for (fd, slot, proto) in [(udp, &self.udp, Proto::Udp), (tcp, &self.tcp, Proto::Tcp)] {
             let members = group_members(self.addr, proto)?.len() as u32;
-            if members > 1 {
-                steer_away(fd, slot, members)?;
+            match slot.index() {
+                Some(ours) if members > 1 => steer_away(fd, ours, members)?,
+                Some(_) => {}
+                None => unsteer(fd)?,
             }
         }
         Ok(())
@@ -74,6 +109,78 @@ impl Steering {
     pub fn release(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
         unsteer(udp)?;
         unsteer(tcp)
+    }
+}
+
+/// Where one of our sockets sits in its SO_REUSEPORT group. The kernel numbers members in the
+/// order they joined and, when one leaves, moves the last member into the freed index; following
+/// the members by inode tells where that puts us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// Our socket's inode, as /proc/net lists it.
+    ours: u64,
+    /// Members with a lower index than ours (their order among themselves is not known).
+    below: std::collections::BTreeSet<u64>,
+    /// Members with a higher index, in index order.
+    above: Vec<u64>,
+    /// False once a member below us left while we were the last: we took its index, which is
+    /// somewhere among theirs.
+    known: bool,
+}
+
+impl Slot {
+    /// We just joined a group whose other members are `before`.
+    pub fn joined(ours: u64, before: &[u64]) -> Slot {
+        Slot {
+            ours,
+            below: before.iter().copied().filter(|&m| m != ours).collect(),
+            above: Vec::new(),
+            known: true,
+        }
+    }
+
+    pub fn index(&self) -> Option<u32> {
+        self.known.then_some(self.below.len() as u32)
+    }
+
+    /// Takes the members present now (ours among them or not).
+    pub fn update(&mut self, now: &[u64]) {
+        let present = |m: &u64| now.contains(m);
+        let gone: Vec<u64> = self
+            .below
+            .iter()
+            .chain(&self.above)
+            .copied()
+            .filter(|m| !present(m))
+            .collect();
+        for m in gone {
+            if let Some(at) = self.above.iter().position(|&a| a == m) {
+                // The last member (above us) fills the freed index.
+                let last = self.above.pop().expect("holds m");
+                if last != m {
+                    self.above[at] = last;
+                }
+            } else {
+                self.below.remove(&m);
+                match self.above.pop() {
+                    // The last member moves below us.
+                    Some(last) => {
+                        self.below.insert(last);
+                    }
+                    // We were the last: we move into the freed index.
+                    None => self.known &= self.below.is_empty(),
+                }
+            }
+        }
+        for &m in now {
+            if m != self.ours && !self.below.contains(&m) && !self.above.contains(&m) {
+                self.above.push(m);
+            }
+        }
+        if self.below.is_empty() {
+            // Nobody below us: index 0, whatever happened before.
+            self.known = true;
+        }
     }
 }
 
@@ -93,12 +200,12 @@ pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound
                 let udp = udp.into();
                 let tcp = tokio::net::TcpListener::from_std(tcp.into())
                     .map_err(|e| format!("cannot register TCP socket {addr}: {e}"))?;
-                if steering.udp_slot + steering.tcp_slot > 0 {
+                if steering.udp_slot() != Some(0) || steering.tcp_slot() != Some(0) {
                     // A LocalDNS that is starting (or an orphaned CoreDNS).
                     tracing::info!(
                         %addr,
-                        udp_slot = steering.udp_slot,
-                        tcp_slot = steering.tcp_slot,
+                        udp_slot = ?steering.udp_slot(),
+                        tcp_slot = ?steering.tcp_slot(),
                         "sharing the port with sockets bound before ours; they get no flows while we serve"
                     );
                 }
@@ -141,32 +248,43 @@ fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, S
     // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
     // ours already holds with SO_REUSEPORT, and the two would share it.
     let share = addr.port() != 0;
-    let udp_slot = group_members(addr, Proto::Udp)?.len() as u32;
+    let udp_before = group_members(addr, Proto::Udp)?;
     let udp = new_socket(addr, Type::DGRAM, Protocol::UDP, share)?;
     udp.bind(&addr.into())?;
     let addr = udp
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
-    steer_or_warn(udp.as_fd(), udp_slot, addr);
-    let tcp_slot = group_members(addr, Proto::Tcp)?.len() as u32;
+    let udp_slot = Slot::joined(inode(udp.as_fd())?, &udp_before);
+    if share {
+        steer_or_warn(udp.as_fd(), udp_before.len() as u32, addr);
+    }
+    let tcp_before = group_members(addr, Proto::Tcp)?;
     let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
     // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
     tcp.set_reuse_address(true)?;
     tcp.bind(&addr.into())?;
     // A TCP socket joins its group when it starts listening; the program goes on after that.
     tcp.listen(TCP_BACKLOG)?;
-    steer_or_warn(tcp.as_fd(), tcp_slot, addr);
+    let tcp_slot = Slot::joined(inode(tcp.as_fd())?, &tcp_before);
+    if share {
+        steer_or_warn(tcp.as_fd(), tcp_before.len() as u32, addr);
+    }
     Ok((
         udp,
         tcp,
         addr,
         Steering {
             addr,
-            udp_slot,
-            tcp_slot,
+            udp: udp_slot,
+            tcp: tcp_slot,
         },
     ))
+}
+
+/// A socket's inode, the number /proc/net lists it by.
+fn inode(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(nix::sys::stat::fstat(fd).map_err(io::Error::from)?.st_ino)
 }
 
 fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol, share: bool) -> io::Result<Socket> {
@@ -437,6 +555,41 @@ mod tests {
         assert_eq!(member("garbage", a, Proto::Udp), Line::Other);
         let v6: SocketAddr = "[fd00::a]:53".parse().unwrap();
         assert_eq!(proc_address(v6).len(), 32 + 5);
+    }
+
+    #[test]
+    fn slots_follow_members_that_come_and_go() {
+        // Alone: index 0; a LocalDNS joins above us; it leaves again.
+        let mut s = Slot::joined(9, &[]);
+        s.update(&[9, 20]);
+        assert_eq!((s.index(), s.above.clone()), (Some(0), vec![20]));
+        s.update(&[9]);
+        assert_eq!(s.index(), Some(0));
+        // An orphan (1) was there first; a starting LocalDNS (20) joins after us.
+        let mut s = Slot::joined(9, &[1]);
+        s.update(&[1, 9, 20]);
+        assert_eq!(s.index(), Some(1));
+        // The orphan exits: the last member (20) fills index 0, we stay at 1.
+        s.update(&[9, 20]);
+        assert_eq!((s.index(), s.below.len()), (Some(1), 1));
+        // An orphan exits while we are the last member: we take its index, 0.
+        let mut s = Slot::joined(9, &[1]);
+        s.update(&[9]);
+        assert_eq!(s.index(), Some(0));
+        s.update(&[9, 30]);
+        assert_eq!(s.index(), Some(0), "a new member goes above us");
+        // Two below us, one leaves while we are last: our index is one of theirs, not known.
+        let mut s = Slot::joined(9, &[1, 2]);
+        s.update(&[2, 9]);
+        assert_eq!(s.index(), None);
+        // Once nobody is below us it is 0 again.
+        s.update(&[9]);
+        assert_eq!(s.index(), Some(0));
+        // A member above us that is not the last leaves: the last takes its place.
+        let mut s = Slot::joined(9, &[]);
+        s.update(&[9, 20, 21, 22]);
+        s.update(&[9, 20, 22]);
+        assert_eq!((s.index(), s.above.clone()), (Some(0), vec![20, 22]));
     }
 
     #[test]

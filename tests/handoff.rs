@@ -100,7 +100,10 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
     let ns = node();
     ns.enter(|| {
         let ours = bind_ours();
-        assert_eq!((ours.steering.udp_slot, ours.steering.tcp_slot), (0, 0));
+        assert_eq!(
+            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (Some(0), Some(0))
+        );
         ours.udp.set_nonblocking(true).unwrap();
         let our_tcp = ours.tcp.into_std().unwrap();
         our_tcp.set_nonblocking(true).unwrap();
@@ -123,7 +126,7 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
         // LocalDNS is ready: hand over. Queued before, still ours to answer; new flows go to it.
         send_flows(50, 2);
         let fds = [handoff::ListenerFds {
-            steering: ours.steering,
+            steering: &ours.steering,
             udp: ours.udp.as_fd(),
             tcp: our_tcp.as_fd(),
         }];
@@ -159,8 +162,8 @@ fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
         let (orphan_udp, orphan_tcp) = bind_coredns();
         let ours = bind_ours();
         assert_eq!(
-            (ours.steering.udp_slot, ours.steering.tcp_slot),
-            (1, 1),
+            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (Some(1), Some(1)),
             "joined after the orphan"
         );
         ours.udp.set_nonblocking(true).unwrap();
@@ -171,6 +174,38 @@ fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
         assert_eq!(drain_udp(&ours.udp).len(), 200);
         assert!(drain_udp(&orphan_udp).is_empty());
         assert_eq!((accepted(&our_tcp), accepted(&orphan_tcp)), (20, 0));
+    });
+}
+
+#[test]
+fn when_the_orphan_exits_the_steering_follows_our_new_place() {
+    // The orphan (index 0) exits while we are the last member: the kernel moves us to index 0,
+    // and the program still names 1, which a LocalDNS starting next would get. `follow` sees it.
+    let ns = node();
+    ns.enter(|| {
+        let (orphan_udp, orphan_tcp) = bind_coredns();
+        let mut ours = bind_ours();
+        ours.udp.set_nonblocking(true).unwrap();
+        let our_tcp = ours.tcp.into_std().unwrap();
+        our_tcp.set_nonblocking(true).unwrap();
+        drop((orphan_udp, orphan_tcp));
+        ours.steering
+            .follow(ours.udp.as_fd(), our_tcp.as_fd())
+            .unwrap();
+        assert_eq!(
+            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (Some(0), Some(0))
+        );
+        let (ld_udp, ld_tcp) = bind_coredns();
+        send_flows(200, 1);
+        let _c = connect_flows(20);
+        assert_eq!(
+            drain_udp(&ours.udp).len(),
+            200,
+            "still every flow to the fallback"
+        );
+        assert!(drain_udp(&ld_udp).is_empty());
+        assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (20, 0));
     });
 }
 

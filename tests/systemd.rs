@@ -1524,6 +1524,14 @@ fn lifecycle_phases(suite: Suite) {
         wait_settled_on_localdns(&mut c);
         c.assert_fallback_stopped_cleanly("after the handoff back");
         let handoff = record(&mut w, "handoff back (SO_REUSEPORT)", &p.finish());
+        // LocalDNS joins the fallback's sockets and is ready before the fallback leaves: pods
+        // lose nothing. One probe of margin: until the drain of src/handoff.rs is wired into the
+        // shutdown, a query the fallback holds at the instant it closes is not answered.
+        if handoff[..2].iter().any(|&(_, failed)| failed > 1) {
+            c.fail(&format!(
+                "the handoff back to a LocalDNS with SO_REUSEPORT lost probes: {handoff:?}"
+            ));
+        }
         let stop_took = c
             .show_us(
                 "localdns-fallback.service",
@@ -1670,29 +1678,3 @@ macro_rules! generation {
 
 generation!(bookworm_systemd_252, Suite::Bookworm);
 generation!(trixie_systemd_257, Suite::Trixie);
-
-#[test]
-#[ignore]
-fn zz_startup_costs() {
-    for suite in [Suite::Bookworm, Suite::Trixie] {
-        let c = Container::boot(suite, Boot::default());
-        c.ok("systemctl stop localdns.service");
-        let script = r#"
-gap() { journalctl -o short-monotonic -u localdns-fallback.service --no-pager | grep -E "Starting|listener addresses" | tail -8 | awk '{gsub(/[\[\]]/,"",$1); gsub(/[\[\]]/,"",$2); t=($1=="")?$2:$1} /Starting/{s=t} /listener/{printf "%d ", (t-s)*1000}'; echo " ms Starting->first log: $1"; }
-run() { for i in 1 2 3 4; do systemctl start localdns-fallback.service; systemctl stop localdns-fallback.service; done; gap "$1"; }
-run sandboxed
-mkdir -p /etc/systemd/system/localdns-fallback.service.d
-printf '[Service]\nPrivateTmp=no\n' > /etc/systemd/system/localdns-fallback.service.d/zz.conf; systemctl daemon-reload; run "PrivateTmp=no"
-printf '[Service]\nPrivateTmp=no\nPrivateDevices=no\n' > /etc/systemd/system/localdns-fallback.service.d/zz.conf; systemctl daemon-reload; run "PrivateTmp=no PrivateDevices=no"
-printf '[Service]\nPrivateTmp=no\nPrivateDevices=no\nProtectSystem=no\nProtectHome=no\nProtectKernelTunables=no\nProtectKernelModules=no\nProtectKernelLogs=no\nProtectControlGroups=no\nProtectProc=default\n' > /etc/systemd/system/localdns-fallback.service.d/zz.conf; systemctl daemon-reload; run "no mount namespace options"
-printf '[Service]\nRuntimeDirectory=\n' > /etc/systemd/system/localdns-fallback.service.d/zz.conf; systemctl daemon-reload; run "no RuntimeDirectory"
-"#;
-        let out = c.exec(script);
-        eprintln!(
-            "== {}\n{}{}",
-            suite.label(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
