@@ -38,27 +38,11 @@ pub const LOOPBACK: &str = "lo";
 
 const RTM_DELADDR: u16 = 21;
 
-/// What `ensure` found and did, for the start-up log.
+/// What [`claim_on_loopback`] found and did, for the start-up log.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
-    /// Always `None`: no link is ever created any more (the field stays until the start-up log
-    /// that prints it is rewritten).
-    pub created: Option<&'static str>,
     pub added: Vec<IpAddr>,
     pub present: Vec<IpAddr>,
-}
-
-/// Makes `addrs` local for our listeners without touching LocalDNS's link: each goes on `lo` as
-/// a host address (/32 or /128) unless it is there already. `name` (LocalDNS's link) is only
-/// named in the log; it is never created or changed (see the module docs).
-pub fn ensure(name: &str, addrs: &[IpAddr]) -> Result<Outcome, String> {
-    let outcome = claim_on_loopback(addrs)?;
-    tracing::debug!(
-        link = name,
-        present = nix::net::if_::if_nametoindex(name).is_ok(),
-        "LocalDNS's link is left as it is"
-    );
-    Ok(outcome)
 }
 
 /// Puts each of `addrs` on `lo` as a host address unless it is there already.

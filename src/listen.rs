@@ -14,7 +14,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -90,17 +90,18 @@ impl Steering {
 
     /// Sends new flows to the other members of each group (LocalDNS, once it is ready) and no
     /// longer to us, so that what we still have can be answered before we close. With no other
-    /// member (LocalDNS not bound) flows stay on our sockets.
-    pub fn hand_over(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
+    /// member (LocalDNS not bound) flows stay on our sockets. True if both groups were handed
+    /// over.
+    pub fn hand_over(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<bool> {
+        let mut handed = true;
         for (fd, slot, proto) in [(udp, &self.udp, Proto::Udp), (tcp, &self.tcp, Proto::Tcp)] {
             let members = group_members(self.addr, proto)?.len() as u32;
             match slot.index() {
                 Some(ours) if members > 1 => steer_away(fd, ours, members)?,
-                Some(_) => {}
-                None => unsteer(fd)?,
+                _ => handed = false,
             }
         }
-        Ok(())
+        Ok(handed)
     }
 
     /// Detaches the steering program from both groups: plain SO_REUSEPORT sharing again. Call
@@ -109,6 +110,51 @@ impl Steering {
     pub fn release(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
         unsteer(udp)?;
         unsteer(tcp)
+    }
+}
+
+/// One listener's steering and a descriptor of each of its sockets, kept by start-up for the
+/// hand-over (see `handoff`): the steering is followed while we serve, re-pointed when we hand
+/// over, and detached right before the sockets close, which is when this is dropped (the serving
+/// loops' own descriptors are closed by then).
+pub struct Held {
+    pub steering: Steering,
+    udp: OwnedFd,
+    tcp: OwnedFd,
+}
+
+impl Held {
+    pub fn new(bound: &Bound) -> io::Result<Held> {
+        Ok(Held {
+            steering: bound.steering.clone(),
+            udp: bound.udp.as_fd().try_clone_to_owned()?,
+            tcp: bound.tcp.as_fd().try_clone_to_owned()?,
+        })
+    }
+
+    /// Follows our place in the groups (every 100 ms or so while serving).
+    pub fn follow(&mut self) {
+        if let Err(e) = self.steering.follow(self.udp.as_fd(), self.tcp.as_fd()) {
+            tracing::debug!(addr = %self.steering.addr, error = %e, "cannot follow the port's group");
+        }
+    }
+
+    /// New flows to LocalDNS; true if it took both groups' (LocalDNS bound and joined).
+    pub fn hand_over(&self) -> bool {
+        match self.steering.hand_over(self.udp.as_fd(), self.tcp.as_fd()) {
+            Ok(handed) => handed,
+            Err(e) => {
+                tracing::warn!(addr = %self.steering.addr, error = %e, "cannot hand flows over");
+                false
+            }
+        }
+    }
+
+    /// Detaches the steering; the sockets close when this returns (if nothing else holds them).
+    pub fn release(self) {
+        if let Err(e) = self.steering.release(self.udp.as_fd(), self.tcp.as_fd()) {
+            tracing::warn!(addr = %self.steering.addr, error = %e, "cannot detach the steering program");
+        }
     }
 }
 

@@ -13,8 +13,8 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use common::*;
+use localdns_fallback::link;
 use localdns_fallback::listen::{self, Bound};
-use localdns_fallback::{handoff, link};
 use socket2::{Domain, Protocol, Socket, Type};
 
 const LISTENER: &str = "169.254.10.10:53";
@@ -125,12 +125,11 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
 
         // LocalDNS is ready: hand over. Queued before, still ours to answer; new flows go to it.
         send_flows(50, 2);
-        let fds = [handoff::ListenerFds {
-            steering: &ours.steering,
-            udp: ours.udp.as_fd(),
-            tcp: our_tcp.as_fd(),
-        }];
-        handoff::hand_over(&fds);
+        let handed = ours
+            .steering
+            .hand_over(ours.udp.as_fd(), our_tcp.as_fd())
+            .unwrap();
+        assert!(handed, "LocalDNS is in both groups");
         send_flows(200, 3);
         let _c2 = connect_flows(20);
         let mine = drain_udp(&ours.udp);
@@ -147,7 +146,9 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
         assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (0, 20));
 
         // Released: plain SO_REUSEPORT sharing, both members get flows.
-        handoff::release(&fds);
+        ours.steering
+            .release(ours.udp.as_fd(), our_tcp.as_fd())
+            .unwrap();
         send_flows(200, 4);
         let (a, b) = (drain_udp(&ours.udp).len(), drain_udp(&ld_udp).len());
         assert_eq!(a + b, 200);
