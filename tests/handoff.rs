@@ -4,17 +4,23 @@
 //!   shares the SO_REUSEPORT group; after `hand_over` new flows go to the other member, what the
 //!   fallback had queued is still there to answer; after `release` the group shares again;
 //! - the listener addresses on `lo` keep the daemon answering while LocalDNS deletes and
-//!   recreates its link, and the fallback never makes that link itself.
+//!   recreates its link, and the fallback never makes that link itself;
+//! - the daemon itself, stopped beside a LocalDNS that joined its ports, answers every query a
+//!   client sent across the handoff (hand over, drain, detach) and leaves nothing on `lo`.
 
 mod common;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
+use hickory_proto::rr::RecordType;
 use localdns_fallback::link;
 use localdns_fallback::listen::{self, Bound};
+use nix::sys::signal::Signal;
 use socket2::{Domain, Protocol, Socket, Type};
 
 const LISTENER: &str = "169.254.10.10:53";
@@ -285,4 +291,106 @@ fn the_daemon_keeps_answering_while_localdns_recreates_its_link() {
         assert_eq!(r.answers, ["10.0.0.1"], "{l} with the link back: {}", r.raw);
     }
     assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+/// LocalDNS's server as the fallback meets it at the handoff: UDP and TCP on both listeners with
+/// SO_REUSEPORT, answering every UDP query at once with an empty NOERROR reply (no answer record,
+/// so a reply tells who gave it). Runs until `stop`.
+fn localdns_beside(ns: &Netns, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    let mut threads = Vec::new();
+    for l in ["169.254.10.10:53", "169.254.10.11:53"] {
+        let addr: SocketAddr = l.parse().unwrap();
+        let (udp, tcp) = ns.enter(|| {
+            let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+            udp.set_reuse_port(true).unwrap();
+            udp.bind(&addr.into()).unwrap();
+            let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+            tcp.set_reuse_port(true).unwrap();
+            tcp.set_reuse_address(true).unwrap();
+            tcp.bind(&addr.into()).unwrap();
+            tcp.listen(16).unwrap();
+            (UdpSocket::from(udp), tcp)
+        });
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let _tcp = tcp;
+            udp.set_read_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
+            let mut buf = [0u8; 512];
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = udp.recv_from(&mut buf) {
+                    if n >= 12 {
+                        buf[2] |= 0x80;
+                        let _ = udp.send_to(&buf[..n], from);
+                    }
+                }
+            }
+        }));
+    }
+    threads
+}
+
+#[test]
+fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined() {
+    // Upstream answers come 30 ms late, so queries are in flight at the hand-over.
+    let node = OneUpstream::start(
+        Mode::Delay {
+            answer_v4: "10.0.0.1".parse().unwrap(),
+            delay: Duration::from_millis(30),
+        },
+        &[],
+    );
+    let ns = &node.topo.node;
+    let stop = Arc::new(AtomicBool::new(false));
+    let localdns = localdns_beside(ns, stop.clone());
+    // Pods asking every 2 ms from new sockets (new flows), each waiting up to 1 s for a reply.
+    let path = ns.path();
+    let asking = std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let to: SocketAddr = "169.254.10.11:53".parse().unwrap();
+        let mut waiting = Vec::new();
+        let started = Instant::now();
+        let mut id = 0u16;
+        while started.elapsed() < Duration::from_millis(800) {
+            id += 1;
+            let query = make_query("a.example.", RecordType::A, id, None);
+            let me =
+                std::thread::spawn(move || udp_exchange_here(to, &query, Duration::from_secs(1)));
+            waiting.push(me);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        waiting
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    node.fwd.signal(Signal::SIGTERM);
+    let status = node.fwd.wait_exit(Duration::from_secs(5)).expect("exits");
+    let replies = asking.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for t in localdns {
+        t.join().unwrap();
+    }
+    assert!(status.success(), "{status}: {}", node.fwd.logs());
+    let logs = node.fwd.logs();
+    assert!(logs.contains("new flows go to LocalDNS"), "{logs}");
+    let lost = replies.iter().filter(|r| r.is_none()).count();
+    let by_fallback = replies
+        .iter()
+        .flatten()
+        .filter(|r| r.len() > 7 && r[7] > 0)
+        .count();
+    let by_localdns = replies.len() - lost - by_fallback;
+    eprintln!(
+        "{} queries across the handoff: {by_fallback} answered by the fallback, {by_localdns} by LocalDNS, {lost} lost",
+        replies.len()
+    );
+    assert_eq!(lost, 0, "queries lost in the handoff");
+    assert!(by_fallback > 0 && by_localdns > 0);
+    assert!(
+        !logs.contains(" WARN ") && !logs.contains(" ERROR "),
+        "a plain handoff is nothing to warn about: {logs}"
+    );
 }

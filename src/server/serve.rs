@@ -261,8 +261,10 @@ pub async fn serve(
         h.release();
     }
     if config.link_setup {
+        // Without CAP_NET_ADMIN (dropped when nothing needs it) this fails; the unit's
+        // ExecStopPost removes them then, as it does after a kill.
         if let Err(e) = link::release_from_loopback(&super::prepare::link_addresses(&config)) {
-            tracing::warn!("{e}");
+            tracing::info!("listener addresses left on lo for the unit to remove: {e}");
         }
     }
     tracing::info!(drained, "stopped");
