@@ -10,7 +10,8 @@
 //! any other member's, and before we close it is detached (SO_DETACH_REUSEPORT_BPF) so LocalDNS's
 //! own sockets share as they did before. The kernel numbers members in the order they joined and,
 //! when one leaves, moves the last member into its slot; our index is the number of members that
-//! were there before us (read from /proc/net at bind time).
+//! were there before us (read from /proc/net at bind time), and [`Slot`] follows it as members
+//! come and go. Port 0 (tests) is never shared.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};

@@ -1524,9 +1524,10 @@ fn lifecycle_phases(suite: Suite) {
         wait_settled_on_localdns(&mut c);
         c.assert_fallback_stopped_cleanly("after the handoff back");
         let handoff = record(&mut w, "handoff back (SO_REUSEPORT)", &p.finish());
-        // LocalDNS joins the fallback's sockets and is ready before the fallback leaves: pods
-        // lose nothing. One probe of margin: until the drain of src/handoff.rs is wired into the
-        // shutdown, a query the fallback holds at the instant it closes is not answered.
+        // LocalDNS joins the fallback's sockets and is ready before the fallback leaves, which
+        // hands new flows over and answers what it holds before it closes: pods lose nothing.
+        // One probe of margin for this loaded test machine, where an answer can come later than
+        // the prober's 100 ms (tests/handoff.rs checks the daemon's hand-over loses none).
         if handoff[..2].iter().any(|&(_, failed)| failed > 1) {
             c.fail(&format!(
                 "the handoff back to a LocalDNS with SO_REUSEPORT lost probes: {handoff:?}"
