@@ -13,6 +13,8 @@
 //! - [`answer`]: each asker's own answer made from a shared reply, and the query sent upstream.
 //! - [`engine`]: every decision about a query, for UDP and TCP alike: local answers, routing,
 //!   cache, coalescing, tries and deadlines, shedding, health. Inputs in, transmits and events out.
+//! - [`handoff`]: leaving without a gap when LocalDNS is back: the sequence, and when the drain
+//!   after the hand-over is done.
 //!
 //! The shells, which move bytes in and out of engines:
 //! - [`mailbox`]: how TCP tasks hand queries and upstream replies to a relay thread.
@@ -22,8 +24,9 @@
 //!
 //! The node, start-up and reporting:
 //! - [`discover`]: upstreams from the node's own state, one file per source, and following them.
-//! - [`listen`]: socket binding (IP_FREEBIND, bounded retry while a port is busy).
-//! - [`link`]: the `localdns` interface and its addresses, over rtnetlink.
+//! - [`listen`]: socket binding (IP_FREEBIND, SO_REUSEPORT shared with LocalDNS, a steering
+//!   program that keeps flows on our sockets, bounded retry while a port is busy).
+//! - [`link`]: the listener addresses on `lo`, over rtnetlink.
 //! - [`privilege`]: dropping capabilities once start-up is done.
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
 //! - [`metrics`]: `/metrics` in Prometheus text format over the counters.
@@ -41,6 +44,7 @@ pub mod cli;
 pub mod discover;
 pub mod engine;
 pub mod frame;
+pub mod handoff;
 pub mod link;
 pub mod listen;
 pub mod mailbox;

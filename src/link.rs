@@ -1,10 +1,15 @@
-//! The `localdns` interface: make sure it exists, is up and carries the listener addresses, over
-//! rtnetlink from the process itself (no `ip` to exec, so no dependency on iproute2 being intact).
+//! The listener addresses, over rtnetlink from the process itself (no `ip` to exec, so no
+//! dependency on iproute2 being intact).
 //!
-//! LocalDNS deletes and recreates the link on every start and deletes it on a clean stop; after a
-//! crash the link and both addresses survive. So anything may be there already:
-//! only what is missing is added, a link of another kind is accepted, and nothing is removed when
-//! we stop (a link that stays up with nothing listening makes clients fail over at once).
+//! LocalDNS deletes and recreates link `localdns` on every start and deletes it on a clean stop;
+//! after a crash the link and both addresses survive. Our sockets are bound with IP_FREEBIND and
+//! survive all of that, but receive nothing while no interface carries their address. So the
+//! fallback puts the listener /32s on `lo` as well (Linux lets the same address sit on two
+//! interfaces), which LocalDNS never touches: it keeps answering while LocalDNS deletes and
+//! recreates its link beside it. It never creates link `localdns` or adds addresses to it: that
+//! would make LocalDNS's own `ip link add` / `ip addr add` fail while it starts. When it leaves it
+//! removes what it put on `lo` ([`release_from_loopback`]); the unit's ExecStopPost does the same
+//! after a kill.
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -15,62 +20,60 @@ use nix::sys::socket::{
 };
 
 pub const LINK_NAME: &str = "localdns";
-/// Peer of the veth stand-in used when the kernel has no `dummy` link type.
-const VETH_PEER: &str = "localdns-peer";
 
-const RTM_NEWLINK: u16 = 16;
 const RTM_NEWADDR: u16 = 20;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
-const IFLA_IFNAME: u16 = 3;
-const IFLA_LINKINFO: u16 = 18;
-const IFLA_INFO_KIND: u16 = 1;
-const IFLA_INFO_DATA: u16 = 2;
-const VETH_INFO_PEER: u16 = 1;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
-const IFF_UP: u32 = 0x1;
 const IFA_F_NODAD: u8 = 0x02;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
-/// What `ensure` found and did, for the start-up log.
+/// The loopback interface, which LocalDNS never deletes.
+pub const LOOPBACK: &str = "lo";
+
+const RTM_DELADDR: u16 = 21;
+
+/// What [`claim_on_loopback`] found and did, for the start-up log.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
-    /// The link kind we created, if the link was missing.
-    pub created: Option<&'static str>,
     pub added: Vec<IpAddr>,
     pub present: Vec<IpAddr>,
 }
 
-/// Ensures link `name` exists and is up with each of `addrs` as a host address (/32 or /128).
-pub fn ensure(name: &str, addrs: &[IpAddr]) -> Result<Outcome, String> {
+/// Puts each of `addrs` on `lo` as a host address unless it is there already.
+pub fn claim_on_loopback(addrs: &[IpAddr]) -> Result<Outcome, String> {
     let nl = Netlink::open().map_err(|e| format!("cannot open a netlink socket: {e}"))?;
+    let index = nix::net::if_::if_nametoindex(LOOPBACK)
+        .map_err(|e| format!("no loopback interface: {e}"))?;
     let mut outcome = Outcome::default();
-    if nix::net::if_::if_nametoindex(name).is_err() {
-        outcome.created = Some(nl.create(name)?);
-    }
-    let index = nix::net::if_::if_nametoindex(name)
-        .map_err(|e| format!("link {name} is missing right after it was made: {e}"))?;
-    nl.set_up(index)
-        .map_err(|e| format!("cannot bring link {name} up: {e}"))?;
-    if outcome.created == Some("veth") {
-        if let Ok(peer) = nix::net::if_::if_nametoindex(VETH_PEER) {
-            nl.set_up(peer)
-                .map_err(|e| format!("cannot bring link {VETH_PEER} up: {e}"))?;
-        }
-    }
     for &addr in addrs {
         match nl.add_address(index, addr) {
             Ok(()) => outcome.added.push(addr),
             Err(Errno::EEXIST) => outcome.present.push(addr),
-            Err(e) => return Err(format!("cannot add {addr} to link {name}: {e}")),
+            Err(e) => return Err(format!("cannot add {addr} to {LOOPBACK}: {e}")),
         }
     }
     Ok(outcome)
+}
+
+/// Removes each of `addrs` from `lo`; one that is not there is fine. Nobody but the fallback
+/// puts the listener addresses on `lo`, so whatever is there is ours to remove.
+pub fn release_from_loopback(addrs: &[IpAddr]) -> Result<(), String> {
+    let nl = Netlink::open().map_err(|e| format!("cannot open a netlink socket: {e}"))?;
+    let index = nix::net::if_::if_nametoindex(LOOPBACK)
+        .map_err(|e| format!("no loopback interface: {e}"))?;
+    for &addr in addrs {
+        match nl.delete_address(index, addr) {
+            Ok(()) | Err(Errno::EADDRNOTAVAIL) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(format!("cannot remove {addr} from {LOOPBACK}: {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// A NETLINK_ROUTE socket that sends one request at a time and waits for its acknowledgement.
@@ -90,43 +93,16 @@ impl Netlink {
         Ok(Netlink { fd })
     }
 
-    /// Creates a `dummy` link, or a veth pair where the kernel has no dummy type.
-    fn create(&self, name: &str) -> Result<&'static str, String> {
-        let dummy = link_request(name, "dummy", None);
-        match self.request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &dummy) {
-            Ok(()) | Err(Errno::EEXIST) => return Ok("dummy"),
-            Err(Errno::EOPNOTSUPP) => {}
-            Err(e) => return Err(format!("cannot create link {name} (dummy): {e}")),
-        }
-        tracing::warn!(
-            "the kernel has no dummy link type; making {name} a veth with peer {VETH_PEER}"
-        );
-        let veth = link_request(name, "veth", Some(VETH_PEER));
-        match self.request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &veth) {
-            Ok(()) => Ok("veth"),
-            // Someone else made `name` meanwhile; but EEXIST may also mean the peer name is taken.
-            Err(Errno::EEXIST) if nix::net::if_::if_nametoindex(name).is_ok() => Ok("veth"),
-            Err(e) => Err(format!(
-                "cannot create link {name}: the kernel has no dummy link type and a veth failed too ({e})"
-            )),
-        }
-    }
-
-    fn set_up(&self, index: u32) -> nix::Result<()> {
-        self.request(RTM_NEWLINK, 0, &ifinfomsg(index, IFF_UP, IFF_UP))
-    }
-
     fn add_address(&self, index: u32, addr: IpAddr) -> nix::Result<()> {
-        let (family, prefix, bytes, flags) = match addr {
-            IpAddr::V4(a) => (AF_INET, 32, a.octets().to_vec(), 0),
-            // No duplicate address detection: the address is ours alone and must work at once.
-            IpAddr::V6(a) => (AF_INET6, 128, a.octets().to_vec(), IFA_F_NODAD),
-        };
-        let mut msg = vec![family, prefix, flags, 0];
-        msg.extend_from_slice(&index.to_ne_bytes());
-        push_attr(&mut msg, IFA_LOCAL, &bytes);
-        push_attr(&mut msg, IFA_ADDRESS, &bytes);
-        self.request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, &msg)
+        self.request(
+            RTM_NEWADDR,
+            NLM_F_CREATE | NLM_F_EXCL,
+            &address_msg(index, addr),
+        )
+    }
+
+    fn delete_address(&self, index: u32, addr: IpAddr) -> nix::Result<()> {
+        self.request(RTM_DELADDR, 0, &address_msg(index, addr))
     }
 
     /// Sends one request and returns the kernel's verdict from its acknowledgement.
@@ -166,35 +142,18 @@ impl Netlink {
     }
 }
 
-fn ifinfomsg(index: u32, flags: u32, change: u32) -> Vec<u8> {
-    let mut msg = vec![0u8; 4]; // family AF_UNSPEC, padding, device type
-    msg.extend_from_slice(&(index as i32).to_ne_bytes());
-    msg.extend_from_slice(&flags.to_ne_bytes());
-    msg.extend_from_slice(&change.to_ne_bytes());
+/// An ifaddrmsg for `addr` as a host address on interface `index`.
+fn address_msg(index: u32, addr: IpAddr) -> Vec<u8> {
+    let (family, prefix, bytes, flags) = match addr {
+        IpAddr::V4(a) => (AF_INET, 32, a.octets().to_vec(), 0),
+        // No duplicate address detection: the address is ours alone and must work at once.
+        IpAddr::V6(a) => (AF_INET6, 128, a.octets().to_vec(), IFA_F_NODAD),
+    };
+    let mut msg = vec![family, prefix, flags, 0];
+    msg.extend_from_slice(&index.to_ne_bytes());
+    push_attr(&mut msg, IFA_LOCAL, &bytes);
+    push_attr(&mut msg, IFA_ADDRESS, &bytes);
     msg
-}
-
-/// An RTM_NEWLINK body: name and kind (and for a veth, its peer's name).
-fn link_request(name: &str, kind: &str, veth_peer: Option<&str>) -> Vec<u8> {
-    let mut msg = ifinfomsg(0, 0, 0);
-    push_attr(&mut msg, IFLA_IFNAME, &c_string(name));
-    let mut info = Vec::new();
-    push_attr(&mut info, IFLA_INFO_KIND, kind.as_bytes());
-    if let Some(peer) = veth_peer {
-        let mut peer_msg = ifinfomsg(0, 0, 0);
-        push_attr(&mut peer_msg, IFLA_IFNAME, &c_string(peer));
-        let mut data = Vec::new();
-        push_attr(&mut data, VETH_INFO_PEER, &peer_msg);
-        push_attr(&mut info, IFLA_INFO_DATA, &data);
-    }
-    push_attr(&mut msg, IFLA_LINKINFO, &info);
-    msg
-}
-
-fn c_string(s: &str) -> Vec<u8> {
-    let mut v = s.as_bytes().to_vec();
-    v.push(0);
-    v
 }
 
 /// Appends a netlink attribute, padded to 4 bytes.
@@ -212,14 +171,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn attributes_are_padded_and_nested() {
+    fn attributes_are_padded() {
         let mut out = Vec::new();
-        push_attr(&mut out, IFLA_IFNAME, b"lo\0");
+        push_attr(&mut out, 3, b"lo\0");
         assert_eq!(out, [7, 0, 3, 0, b'l', b'o', 0, 0]);
-        let msg = link_request("localdns", "dummy", None);
-        assert_eq!(msg.len() % 4, 0);
-        assert!(msg.windows(6).any(|w| w == b"dummy\0"));
-        let veth = link_request("localdns", "veth", Some("localdns-peer"));
-        assert!(veth.windows(13).any(|w| w == b"localdns-peer"));
+    }
+
+    #[test]
+    fn address_messages_carry_a_host_prefix() {
+        let v4 = address_msg(1, "169.254.10.10".parse().unwrap());
+        assert_eq!(&v4[..4], &[AF_INET, 32, 0, 0]);
+        assert_eq!(&v4[4..8], &1u32.to_ne_bytes());
+        // IFA_LOCAL then IFA_ADDRESS, 4 + 4 bytes each.
+        assert_eq!(v4.len(), 8 + 2 * 8);
+        assert!(v4.windows(4).any(|w| w == [169, 254, 10, 10]));
+        let v6 = address_msg(1, "fd00::a".parse().unwrap());
+        assert_eq!(&v6[..4], &[AF_INET6, 128, IFA_F_NODAD, 0]);
+        assert_eq!(v6.len(), 8 + 2 * 20);
     }
 }

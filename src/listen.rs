@@ -1,7 +1,21 @@
-//! Binding the listeners and the upstream sockets.
+//! Binding the listeners and the upstream sockets, and steering flows within a port's
+//! SO_REUSEPORT group.
+//!
+//! LocalDNS's CoreDNS binds its listeners with SO_REUSEPORT, so ours do too: a socket from the
+//! same user with SO_REUSEPORT joins the kernel's group for that address and port, LocalDNS can
+//! bind while we still serve, and we can leave once it is ready. A group spreads flows over every
+//! member, though, and a member may not answer: an orphaned CoreDNS, or a LocalDNS that is bound
+//! but not yet serving. So while the fallback is in charge a classic BPF program on the group
+//! (SO_ATTACH_REUSEPORT_CBPF) returns the index of our own socket; when we hand over it returns
+//! any other member's, and before we close it is detached (SO_DETACH_REUSEPORT_BPF) so LocalDNS's
+//! own sockets share as they did before. The kernel numbers members in the order they joined and,
+//! when one leaves, moves the last member into its slot; our index is the number of members that
+//! were there before us (read from /proc/net at bind time), and [`Slot`] follows it as members
+//! come and go. Port 0 (tests) is never shared.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -24,6 +38,203 @@ pub struct Bound {
     /// Non-blocking; served by a thread of its own, not by the async runtime (see `forward`).
     pub udp: std::net::UdpSocket,
     pub tcp: tokio::net::TcpListener,
+    /// Where our sockets sit in their SO_REUSEPORT groups; flows are steered to them from bind on.
+    pub steering: Steering,
+}
+
+/// Our place in the SO_REUSEPORT groups of one listener address (UDP and TCP have a group each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Steering {
+    pub addr: SocketAddr,
+    pub udp: Slot,
+    pub tcp: Slot,
+}
+
+impl Steering {
+    /// Index of our UDP socket in its group, if known.
+    pub fn udp_slot(&self) -> Option<u32> {
+        self.udp.index()
+    }
+
+    /// Index of our TCP listener in its group, if known.
+    pub fn tcp_slot(&self) -> Option<u32> {
+        self.tcp.index()
+    }
+
+    /// Follows members that came or went since the last look and, where our index moved, points
+    /// the program at the new one. If it can no longer be known (a member below us left while we
+    /// were the last one), the program is detached: plain sharing beats steering to a stranger.
+    /// Cheap (reads the listeners' lines of /proc/net); the serving side calls it every 100 ms
+    /// or so while it is in charge.
+    pub fn follow(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
+        let addr = self.addr;
+        for (slot, fd, proto) in [
+            (&mut self.udp, udp, Proto::Udp),
+            (&mut self.tcp, tcp, Proto::Tcp),
+        ] {
+            let before = slot.index();
+            slot.update(&group_members(addr, proto)?);
+            match (before, slot.index()) {
+                (a, b) if a == b => {}
+                (_, Some(index)) => {
+                    tracing::info!(%addr, ?proto, index, "our place in the port's group moved");
+                    steer_to(fd, index)?;
+                }
+                (_, None) => {
+                    tracing::warn!(%addr, ?proto, "our place in the port's group is no longer known; sharing flows");
+                    unsteer(fd)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends new flows to the other members of each group (LocalDNS, once it is ready) and no
+    /// longer to us, so that what we still have can be answered before we close. With no other
+    /// member (LocalDNS not bound) flows stay on our sockets. True if both groups were handed
+    /// over.
+    pub fn hand_over(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<bool> {
+        let mut handed = true;
+        for (fd, slot, proto) in [(udp, &self.udp, Proto::Udp), (tcp, &self.tcp, Proto::Tcp)] {
+            let members = group_members(self.addr, proto)?.len() as u32;
+            match slot.index() {
+                Some(ours) if members > 1 => steer_away(fd, ours, members)?,
+                _ => handed = false,
+            }
+        }
+        Ok(handed)
+    }
+
+    /// Detaches the steering program from both groups: plain SO_REUSEPORT sharing again. Call
+    /// it right before closing our sockets (the program belongs to the group and would outlive
+    /// us, picking whichever socket then holds our index).
+    pub fn release(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
+        unsteer(udp)?;
+        unsteer(tcp)
+    }
+}
+
+/// One listener's steering and a descriptor of each of its sockets, kept by start-up for the
+/// hand-over (see `handoff`): the steering is followed while we serve, re-pointed when we hand
+/// over, and detached right before the sockets close, which is when this is dropped (the serving
+/// loops' own descriptors are closed by then).
+pub struct Held {
+    pub steering: Steering,
+    udp: OwnedFd,
+    tcp: OwnedFd,
+}
+
+impl Held {
+    pub fn new(bound: &Bound) -> io::Result<Held> {
+        Ok(Held {
+            steering: bound.steering.clone(),
+            udp: bound.udp.as_fd().try_clone_to_owned()?,
+            tcp: bound.tcp.as_fd().try_clone_to_owned()?,
+        })
+    }
+
+    /// Follows our place in the groups (every 100 ms or so while serving).
+    pub fn follow(&mut self) {
+        if let Err(e) = self.steering.follow(self.udp.as_fd(), self.tcp.as_fd()) {
+            tracing::debug!(addr = %self.steering.addr, error = %e, "cannot follow the port's group");
+        }
+    }
+
+    /// New flows to LocalDNS; true if it took both groups' (LocalDNS bound and joined).
+    pub fn hand_over(&self) -> bool {
+        match self.steering.hand_over(self.udp.as_fd(), self.tcp.as_fd()) {
+            Ok(handed) => handed,
+            Err(e) => {
+                tracing::warn!(addr = %self.steering.addr, error = %e, "cannot hand flows over");
+                false
+            }
+        }
+    }
+
+    /// Detaches the steering; the sockets close when this returns (if nothing else holds them).
+    pub fn release(self) {
+        if let Err(e) = self.steering.release(self.udp.as_fd(), self.tcp.as_fd()) {
+            tracing::warn!(addr = %self.steering.addr, error = %e, "cannot detach the steering program");
+        }
+    }
+}
+
+/// Where one of our sockets sits in its SO_REUSEPORT group. The kernel numbers members in the
+/// order they joined and, when one leaves, moves the last member into the freed index; following
+/// the members by inode tells where that puts us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// Our socket's inode, as /proc/net lists it.
+    ours: u64,
+    /// Members with a lower index than ours (their order among themselves is not known).
+    below: std::collections::BTreeSet<u64>,
+    /// Members with a higher index, in index order.
+    above: Vec<u64>,
+    /// False once a member below us left while we were the last: we took its index, which is
+    /// somewhere among theirs.
+    known: bool,
+}
+
+impl Slot {
+    /// We just joined a group whose other members are `before`.
+    pub fn joined(ours: u64, before: &[u64]) -> Slot {
+        Slot {
+            ours,
+            below: before.iter().copied().filter(|&m| m != ours).collect(),
+            above: Vec::new(),
+            known: true,
+        }
+    }
+
+    pub fn index(&self) -> Option<u32> {
+        self.known.then_some(self.below.len() as u32)
+    }
+
+    /// Takes the members present now (ours among them or not).
+    pub fn update(&mut self, now: &[u64]) {
+        let present = |m: &u64| now.contains(m);
+        let gone: Vec<u64> = self
+            .below
+            .iter()
+            .chain(&self.above)
+            .copied()
+            .filter(|m| !present(m))
+            .collect();
+        for m in gone {
+            if let Some(at) = self.above.iter().position(|&a| a == m) {
+                // The last member (above us) fills the freed index.
+                let last = self.above.pop().expect("holds m");
+                if last != m {
+                    self.above[at] = last;
+                }
+            } else {
+                self.below.remove(&m);
+                match self.above.pop() {
+                    // The last member moves below us.
+                    Some(last) => {
+                        self.below.insert(last);
+                    }
+                    // We were the last: we move into the freed index.
+                    None => self.known &= self.below.is_empty(),
+                }
+            }
+        }
+        for &m in now {
+            if m != self.ours && !self.below.contains(&m) && !self.above.contains(&m) {
+                self.above.push(m);
+            }
+        }
+        if self.below.is_empty() {
+            // Nobody below us: index 0, whatever happened before.
+            self.known = true;
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Udp,
+    Tcp,
 }
 
 /// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
@@ -32,14 +243,24 @@ pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound
     let started = Instant::now();
     loop {
         match bind_pair(addr) {
-            Ok((udp, tcp, bound)) => {
+            Ok((udp, tcp, bound, steering)) => {
                 let udp = udp.into();
                 let tcp = tokio::net::TcpListener::from_std(tcp.into())
                     .map_err(|e| format!("cannot register TCP socket {addr}: {e}"))?;
+                if steering.udp_slot() != Some(0) || steering.tcp_slot() != Some(0) {
+                    // A LocalDNS that is starting (or an orphaned CoreDNS).
+                    tracing::info!(
+                        %addr,
+                        udp_slot = ?steering.udp_slot(),
+                        tcp_slot = ?steering.tcp_slot(),
+                        "sharing the port with sockets bound before ours; they get no flows while we serve"
+                    );
+                }
                 return Ok(Bound {
                     addr: bound,
                     udp,
                     tcp,
+                    steering,
                 });
             }
             Err(e) if e.kind() == io::ErrorKind::AddrInUse && started.elapsed() < patience => {
@@ -58,7 +279,7 @@ pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound
 
 /// Binds UDP, then TCP on the same port. Port 0 (tests) means the port the kernel gives the UDP
 /// socket; should TCP find that port taken, another pair is tried.
-fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr)> {
+fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
     for _ in 0..16 {
         match bind_pair_once(addr) {
             Err(e) if addr.port() == 0 && e.kind() == io::ErrorKind::AddrInUse => continue,
@@ -68,24 +289,52 @@ fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr)> {
     bind_pair_once(addr)
 }
 
-fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr)> {
-    let udp = new_socket(addr, Type::DGRAM, Protocol::UDP)?;
+fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
+    // Members already in each group come first; we join at the end. (A process binding at the
+    // same instant could take our index; LocalDNS does not start while we start.)
+    // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
+    // ours already holds with SO_REUSEPORT, and the two would share it.
+    let share = addr.port() != 0;
+    let udp_before = group_members(addr, Proto::Udp)?;
+    let udp = new_socket(addr, Type::DGRAM, Protocol::UDP, share)?;
     udp.bind(&addr.into())?;
     let addr = udp
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
-    let tcp = new_socket(addr, Type::STREAM, Protocol::TCP)?;
-    // Lets a restart bind while connections of the previous run sit in TIME_WAIT; it does not let
-    // two listeners share the port (that would be SO_REUSEPORT, which we leave off so a busy port
-    // is noticed rather than silently shared with an orphaned CoreDNS).
+    let udp_slot = Slot::joined(inode(udp.as_fd())?, &udp_before);
+    if share {
+        steer_or_warn(udp.as_fd(), udp_before.len() as u32, addr);
+    }
+    let tcp_before = group_members(addr, Proto::Tcp)?;
+    let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
+    // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
     tcp.set_reuse_address(true)?;
     tcp.bind(&addr.into())?;
+    // A TCP socket joins its group when it starts listening; the program goes on after that.
     tcp.listen(TCP_BACKLOG)?;
-    Ok((udp, tcp, addr))
+    let tcp_slot = Slot::joined(inode(tcp.as_fd())?, &tcp_before);
+    if share {
+        steer_or_warn(tcp.as_fd(), tcp_before.len() as u32, addr);
+    }
+    Ok((
+        udp,
+        tcp,
+        addr,
+        Steering {
+            addr,
+            udp: udp_slot,
+            tcp: tcp_slot,
+        },
+    ))
 }
 
-fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket> {
+/// A socket's inode, the number /proc/net lists it by.
+fn inode(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(nix::sys::stat::fstat(fd).map_err(io::Error::from)?.st_ino)
+}
+
+fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol, share: bool) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
     // The listener addresses may not be on the interface yet (the link is being recreated); with
     // IP_FREEBIND the bind does not depend on the order in which addresses appear.
@@ -96,6 +345,8 @@ fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket>
         socket.set_freebind_v6(true)?;
     }
     socket.set_nonblocking(true)?;
+    // Share the port with LocalDNS's CoreDNS (same user, SO_REUSEPORT): see the module docs.
+    socket.set_reuse_port(share)?;
     if ty == Type::DGRAM {
         let _ = socket.set_recv_buffer_size(RECV_BUFFER);
         let _ = socket.set_send_buffer_size(SEND_BUFFER);
@@ -145,4 +396,263 @@ pub fn connected_upstream_socket(to: SocketAddr) -> io::Result<std::net::UdpSock
     socket.bind(&any.into())?;
     socket.connect(&to.into())?;
     Ok(socket.into())
+}
+
+// ---- steering within a SO_REUSEPORT group ------------------------------------------------------
+
+/// Classic BPF opcodes (linux/filter.h) and the ancillary offset of a random number.
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_ALU_MOD_K: u16 = 0x94;
+const BPF_ALU_ADD_K: u16 = 0x04;
+const BPF_JMP_JGE_K: u16 = 0x35;
+const BPF_RET_K: u16 = 0x06;
+const BPF_RET_A: u16 = 0x16;
+const SKF_AD_RANDOM: u32 = (-0x1000i32 + 56) as u32;
+
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> nix::libc::sock_filter {
+    nix::libc::sock_filter { code, jt, jf, k }
+}
+
+/// A program that puts every flow on the member at `slot`.
+fn program_to(slot: u32) -> Vec<nix::libc::sock_filter> {
+    vec![insn(BPF_RET_K, 0, 0, slot)]
+}
+
+/// A program that spreads flows at random over the `members` of a group except the one at `ours`.
+fn program_away(ours: u32, members: u32) -> Vec<nix::libc::sock_filter> {
+    debug_assert!(members > 1 && ours < members);
+    vec![
+        insn(BPF_LD_W_ABS, 0, 0, SKF_AD_RANDOM), // A = a random number
+        insn(BPF_ALU_MOD_K, 0, 0, members - 1),  // A %= members - 1
+        insn(BPF_JMP_JGE_K, 0, 1, ours),         // A >= ours ?
+        insn(BPF_ALU_ADD_K, 0, 0, 1),            //   then A += 1 (skip ours)
+        insn(BPF_RET_A, 0, 0, 0),
+    ]
+}
+
+/// What the kernel runs for an index (a slot past the last member means: hash as usual). For
+/// the unit tests: the same arithmetic as [`program_away`] with `random` for the random number.
+#[cfg(test)]
+fn away_pick(ours: u32, members: u32, random: u32) -> u32 {
+    let a = random % (members - 1);
+    if a >= ours { a + 1 } else { a }
+}
+
+fn attach(fd: BorrowedFd<'_>, program: &[nix::libc::sock_filter]) -> io::Result<()> {
+    let prog = nix::libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut _,
+    };
+    // SAFETY: the kernel copies the program during the call; both outlive it.
+    let rc = unsafe {
+        nix::libc::setsockopt(
+            fd.as_raw_fd(),
+            nix::libc::SOL_SOCKET,
+            nix::libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&prog as *const nix::libc::sock_fprog).cast(),
+            std::mem::size_of::<nix::libc::sock_fprog>() as nix::libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Steering is worth having, not worth failing for: without it we still serve, sharing flows.
+fn steer_or_warn(fd: BorrowedFd<'_>, slot: u32, addr: SocketAddr) {
+    if let Err(e) = steer_to(fd, slot) {
+        tracing::warn!(%addr, error = %e, "cannot steer flows to our socket; sharing them with any other member");
+    }
+}
+
+/// Attaches to `fd`'s group a program that sends every flow to the member at `slot`.
+pub fn steer_to(fd: BorrowedFd<'_>, slot: u32) -> io::Result<()> {
+    attach(fd, &program_to(slot))
+}
+
+/// Attaches to `fd`'s group a program that sends flows to any member but the one at `ours`.
+pub fn steer_away(fd: BorrowedFd<'_>, ours: u32, members: u32) -> io::Result<()> {
+    if members < 2 || ours >= members {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no other member to steer to (slot {ours} of {members})"),
+        ));
+    }
+    attach(fd, &program_away(ours, members))
+}
+
+/// Removes the steering program from `fd`'s group; a group without one is left as it is.
+pub fn unsteer(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let zero: nix::libc::c_int = 0;
+    // SAFETY: a plain setsockopt with an int the kernel ignores.
+    let rc = unsafe {
+        nix::libc::setsockopt(
+            fd.as_raw_fd(),
+            nix::libc::SOL_SOCKET,
+            nix::libc::SO_DETACH_REUSEPORT_BPF,
+            (&zero as *const nix::libc::c_int).cast(),
+            std::mem::size_of::<nix::libc::c_int>() as nix::libc::socklen_t,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => match io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(nix::libc::ENOENT) => Ok(()),
+            e => Err(e),
+        },
+    }
+}
+
+/// The sockets bound to exactly `addr` that can be members of its SO_REUSEPORT group, by inode:
+/// unconnected UDP sockets, or TCP listeners.
+pub fn group_members(addr: SocketAddr, proto: Proto) -> io::Result<Vec<u64>> {
+    let file = match (proto, addr.ip()) {
+        (Proto::Udp, IpAddr::V4(_)) => "/proc/thread-self/net/udp",
+        (Proto::Udp, IpAddr::V6(_)) => "/proc/thread-self/net/udp6",
+        (Proto::Tcp, IpAddr::V4(_)) => "/proc/thread-self/net/tcp",
+        (Proto::Tcp, IpAddr::V6(_)) => "/proc/thread-self/net/tcp6",
+    };
+    // The calling thread's network namespace (a thread may have entered another one than the
+    // process's). /proc/net/tcp lists listeners first: reading stops at the first other socket, so a busy
+    // node's connections are never generated.
+    use std::io::BufRead;
+    let reader = io::BufReader::new(std::fs::File::open(file)?);
+    let mut members = Vec::new();
+    for line in reader.lines().skip(1) {
+        let line = line?;
+        match member(&line, addr, proto) {
+            Line::Member(inode) => members.push(inode),
+            Line::Other => {}
+            Line::PastListeners => break,
+        }
+    }
+    Ok(members)
+}
+
+#[derive(Debug, PartialEq)]
+enum Line {
+    Member(u64),
+    Other,
+    /// A TCP socket that is not listening: no listener follows it.
+    PastListeners,
+}
+
+/// One line of /proc/net/{udp,tcp}{,6}: `sl local rem st tx:rx tr:when retrnsmt uid timeout inode`.
+fn member(line: &str, addr: SocketAddr, proto: Proto) -> Line {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let (Some(local), Some(remote), Some(state), Some(inode)) =
+        (w.get(1), w.get(2), w.get(3), w.get(9))
+    else {
+        return Line::Other;
+    };
+    const TCP_LISTEN: &str = "0A";
+    if proto == Proto::Tcp && *state != TCP_LISTEN {
+        return Line::PastListeners;
+    }
+    let unconnected = remote
+        .split_once(':')
+        .is_some_and(|(a, p)| p == "0000" && a.bytes().all(|b| b == b'0'));
+    if *local != proc_address(addr) || !unconnected {
+        return Line::Other;
+    }
+    inode.parse().map(Line::Member).unwrap_or(Line::Other)
+}
+
+/// `addr` the way /proc/net prints it: each 32-bit word of the address in host byte order, hex.
+fn proc_address(addr: SocketAddr) -> String {
+    let octets: Vec<u8> = match addr.ip() {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    let mut out = String::new();
+    for word in octets.chunks(4) {
+        let w = u32::from_ne_bytes([word[0], word[1], word[2], word[3]]);
+        out.push_str(&format!("{w:08X}"));
+    }
+    out.push_str(&format!(":{:04X}", addr.port()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_lines_name_the_members() {
+        let a: SocketAddr = "169.254.10.10:53".parse().unwrap();
+        let local = proc_address(a);
+        if cfg!(target_endian = "little") {
+            assert_eq!(local, "0A0AFEA9:0035");
+        }
+        let udp = format!(
+            "  12: {local} 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4242 2 0000 0"
+        );
+        assert_eq!(member(&udp, a, Proto::Udp), Line::Member(4242));
+        // Connected sockets and other addresses or ports are not members.
+        let connected = udp.replace("00000000:0000 07", "0100007F:1234 01");
+        assert_eq!(member(&connected, a, Proto::Udp), Line::Other);
+        let other: SocketAddr = "169.254.10.11:53".parse().unwrap();
+        assert_eq!(member(&udp, other, Proto::Udp), Line::Other);
+        let listen = udp.replace(" 07 ", " 0A ");
+        assert_eq!(member(&listen, a, Proto::Tcp), Line::Member(4242));
+        let established = udp.replace(" 07 ", " 01 ");
+        assert_eq!(member(&established, a, Proto::Tcp), Line::PastListeners);
+        assert_eq!(member("garbage", a, Proto::Udp), Line::Other);
+        let v6: SocketAddr = "[fd00::a]:53".parse().unwrap();
+        assert_eq!(proc_address(v6).len(), 32 + 5);
+    }
+
+    #[test]
+    fn slots_follow_members_that_come_and_go() {
+        // Alone: index 0; a LocalDNS joins above us; it leaves again.
+        let mut s = Slot::joined(9, &[]);
+        s.update(&[9, 20]);
+        assert_eq!((s.index(), s.above.clone()), (Some(0), vec![20]));
+        s.update(&[9]);
+        assert_eq!(s.index(), Some(0));
+        // An orphan (1) was there first; a starting LocalDNS (20) joins after us.
+        let mut s = Slot::joined(9, &[1]);
+        s.update(&[1, 9, 20]);
+        assert_eq!(s.index(), Some(1));
+        // The orphan exits: the last member (20) fills index 0, we stay at 1.
+        s.update(&[9, 20]);
+        assert_eq!((s.index(), s.below.len()), (Some(1), 1));
+        // An orphan exits while we are the last member: we take its index, 0.
+        let mut s = Slot::joined(9, &[1]);
+        s.update(&[9]);
+        assert_eq!(s.index(), Some(0));
+        s.update(&[9, 30]);
+        assert_eq!(s.index(), Some(0), "a new member goes above us");
+        // Two below us, one leaves while we are last: our index is one of theirs, not known.
+        let mut s = Slot::joined(9, &[1, 2]);
+        s.update(&[2, 9]);
+        assert_eq!(s.index(), None);
+        // Once nobody is below us it is 0 again.
+        s.update(&[9]);
+        assert_eq!(s.index(), Some(0));
+        // A member above us that is not the last leaves: the last takes its place.
+        let mut s = Slot::joined(9, &[]);
+        s.update(&[9, 20, 21, 22]);
+        s.update(&[9, 20, 22]);
+        assert_eq!((s.index(), s.above.clone()), (Some(0), vec![20, 22]));
+    }
+
+    #[test]
+    fn the_away_program_never_picks_our_slot_and_reaches_every_other() {
+        for members in 2..6u32 {
+            for ours in 0..members {
+                let picked: std::collections::BTreeSet<u32> =
+                    (0..64).map(|r| away_pick(ours, members, r)).collect();
+                let others: std::collections::BTreeSet<u32> =
+                    (0..members).filter(|&m| m != ours).collect();
+                assert_eq!(picked, others, "ours {ours} of {members}");
+            }
+        }
+        let p = program_away(1, 3);
+        assert_eq!((p[0].code, p[0].k), (BPF_LD_W_ABS, 0xFFFF_F038));
+        assert_eq!((p[1].k, p[2].k, p[2].jf), (2, 1, 1));
+        assert_eq!(program_to(3)[0].k, 3);
+    }
 }

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::poll::PollTimeout;
@@ -21,6 +22,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::{mpsc, watch};
 
 use crate::engine::{Client, ConnId, Dest, Engine, Event, Failure, Leg, Outcome, Via};
+use crate::handoff::Drain;
 use crate::listen;
 use crate::mailbox::{Letter, Mailbox};
 use crate::roles::Transport;
@@ -75,6 +77,10 @@ pub struct Relay {
     pub heartbeat: (Arc<Heartbeats>, usize),
     /// After the stop, how long queries already taken may still be answered (TCP clients).
     pub drain: Duration,
+    /// Set before the stop when new flows already go to LocalDNS (see `handoff`): the listener
+    /// then stays open after the stop, and what still reaches it or is in flight is answered
+    /// until the drain says done.
+    pub handed_over: Arc<AtomicBool>,
 }
 
 /// A UDP socket connected to one upstream.
@@ -115,6 +121,7 @@ pub fn run(relay: Relay) {
         stop,
         heartbeat: (heartbeats, beat),
         drain,
+        handed_over,
     } = relay;
     let role = engine.role();
     let epoll = match register(&listener, &mailbox, &stop) {
@@ -143,6 +150,7 @@ pub fn run(relay: Relay) {
     let mut events = vec![EpollEvent::empty(); 256];
     let mut wait = PollTimeout::ZERO;
     let mut stopping: Option<Instant> = None;
+    let mut udp_drain: Option<Drain> = None;
     // This thread's share of the listener's in-flight gauge.
     let mut reported_inflight = 0;
     loop {
@@ -163,17 +171,24 @@ pub fn run(relay: Relay) {
         for event in &events[..ready] {
             match event.data() {
                 STOP_TOKEN => {
-                    if let Some(l) = shell.listener.take() {
+                    let _ = shell.epoll.delete(&stop.wake);
+                    if handed_over.load(Ordering::Relaxed) {
+                        udp_drain = Some(Drain::new(Instant::now()));
+                    } else if let Some(l) = shell.listener.take() {
                         let _ = shell.epoll.delete(&l);
-                        let _ = shell.epoll.delete(&stop.wake);
                         stopping = Some(Instant::now() + drain);
                     }
                 }
                 LISTENER_TOKEN => {
                     if let Some(l) = shell.listener.as_ref() {
+                        let mut read = false;
                         let _ = for_each_datagram(l, &mut buf, |packet, from| {
+                            read = true;
                             engine.handle_query(Instant::now(), Client::Udp(from), packet);
                         });
+                        if let (true, Some(d)) = (read, udp_drain.as_mut()) {
+                            d.activity(Instant::now());
+                        }
                     }
                     shell.flush(&mut engine);
                 }
@@ -213,7 +228,13 @@ pub fn run(relay: Relay) {
                 .add_inflight(inflight as i64 - reported_inflight as i64);
             reported_inflight = inflight;
         }
-        if let Some(until) = stopping {
+        if let Some(d) = &udp_drain {
+            // Handed over: the listener is still open, so every answer can still be sent.
+            if d.done(now, inflight) {
+                shell.stats.add_inflight(-(reported_inflight as i64));
+                return;
+            }
+        } else if let Some(until) = stopping {
             // Answers can still reach TCP clients; UDP ones cannot (the socket is closed).
             if inflight == 0 || shell.clients.is_empty() || now >= until {
                 shell.stats.add_inflight(-(reported_inflight as i64));
@@ -225,9 +246,12 @@ pub fn run(relay: Relay) {
         wait = if ready > 0 {
             PollTimeout::ZERO
         } else {
-            let until = engine.poll_timeout().map_or(HEARTBEAT_IDLE, |t| {
+            let mut until = engine.poll_timeout().map_or(HEARTBEAT_IDLE, |t| {
                 t.saturating_duration_since(now).min(HEARTBEAT_IDLE)
             });
+            if let Some(d) = &udp_drain {
+                until = until.min(d.next_look(now));
+            }
             // Round up: waking a millisecond early would only spin until the deadline.
             PollTimeout::from(until.as_micros().div_ceil(1000).min(u128::from(u16::MAX)) as u16)
         };

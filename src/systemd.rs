@@ -76,13 +76,22 @@ impl Heartbeats {
     }
 }
 
-/// Pings the watchdog at half its timeout while the serving loops are alive.
+/// How often to ping a watchdog of `timeout`, and how recent every loop's beat must be for a
+/// ping. Pings come at a quarter of the timeout, so one late ping never gets us killed; a loop
+/// counts as stalled once it has not beaten for half the timeout (idle loops beat every 500 ms).
+/// A wedged forwarder is thus killed at most 1.5 timeouts after it wedged (a whole process that
+/// stopped: 1.25), which with the unit's WatchdogSec=2s keeps pods' dark time under 3 s.
+pub fn watchdog_plan(timeout: Duration) -> (Duration, Duration) {
+    (timeout / 4, timeout / 2)
+}
+
+/// Pings the watchdog while the serving loops are alive (see [`watchdog_plan`]).
 pub async fn watchdog(notifier: Arc<Notifier>, heartbeats: Arc<Heartbeats>, timeout: Duration) {
-    let every = timeout / 2;
+    let (every, stale_after) = watchdog_plan(timeout);
     let mut ticker = tokio::time::interval(every);
     loop {
         ticker.tick().await;
-        if heartbeats.all_within(every) {
+        if heartbeats.all_within(stale_after) {
             notifier.notify("WATCHDOG=1");
         } else {
             tracing::error!("a serving loop has stalled; not pinging the watchdog");
@@ -103,6 +112,16 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         h.beat(0);
         assert!(!h.all_within(Duration::from_millis(10)), "loop 1 is late");
+    }
+
+    #[test]
+    fn the_watchdog_is_pinged_often_enough_and_a_stall_is_seen_in_time() {
+        let timeout = Duration::from_secs(2);
+        let (every, stale_after) = watchdog_plan(timeout);
+        // Two pings fit in a timeout even if one is late; an idle loop (500 ms beats) is alive.
+        assert!(every * 2 < timeout && stale_after > Duration::from_millis(500));
+        // Worst case from a stall to the kill: stale_after + the next ping slot + the timeout.
+        assert!(stale_after + every + timeout <= Duration::from_millis(3500));
     }
 
     #[test]

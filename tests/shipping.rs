@@ -27,9 +27,14 @@ const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 /// Where the systemd tests cache their Debian 12 root file system (see build-rootfs.sh).
 const ROOTFS: &str = "/var/cache/localdns-fallback-tests/rootfs-bookworm";
 /// The files the package must install, with their modes (the paths the units and LocalDNS use).
-const INSTALLED: [(&str, u32); 3] = [
+const INSTALLED: [(&str, u32); 5] = [
     ("opt/azure/containers/localdns/localdns-fallback", 0o755),
+    (
+        "opt/azure/containers/localdns/localdns-fallback-handoff",
+        0o755,
+    ),
     ("etc/systemd/system/localdns-fallback.service", 0o644),
+    ("etc/systemd/system/localdns-fallback.path", 0o644),
     (
         "etc/systemd/system/localdns.service.d/50-localdns-fallback.conf",
         0o644,
@@ -334,8 +339,8 @@ fn the_check_requires_every_directive_of_the_drop_in() {
         .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
         .collect();
     assert!(
-        directives.iter().any(|d| d.starts_with("OnFailure=")),
-        "the drop-in has no OnFailure=: {directives:?}"
+        directives.iter().any(|d| d.starts_with("ExecStopPost=")),
+        "the drop-in has no ExecStopPost= (the start on failure): {directives:?}"
     );
     for directive in directives {
         root.sh(

@@ -14,17 +14,23 @@ here=$(cd "$(dirname "$0")" && pwd)
 # [package.metadata.deb] assets) must hold the same files: tests/shipping.rs compares them.
 files=(
     "binary                                        opt/azure/containers/localdns/localdns-fallback                  0755"
+    "localdns-fallback-handoff                     opt/azure/containers/localdns/localdns-fallback-handoff          0755"
     "localdns-fallback.service                     etc/systemd/system/localdns-fallback.service                     0644"
+    "localdns-fallback.path                        etc/systemd/system/localdns-fallback.path                        0644"
     "localdns.service.d/50-localdns-fallback.conf  etc/systemd/system/localdns.service.d/50-localdns-fallback.conf  0644"
 )
 # ---- What wires the fallback to LocalDNS: lines --check requires in the installed drop-in. --------
 # One entry per directive, "[Section] Key=value", exactly as in
-# units/localdns.service.d/50-localdns-fallback.conf: the start on failure, and the handoff back.
+# units/localdns.service.d/50-localdns-fallback.conf: the trigger, the starts on failure, restart
+# and start, and the handoff back.
 # Update this list when the drop-in changes (tests/shipping.rs fails on any directive it misses).
 dropin=etc/systemd/system/localdns.service.d/50-localdns-fallback.conf
 dropin_directives=(
-    "[Unit] OnFailure=localdns-fallback.service"
-    "[Service] ExecStartPre=-/usr/bin/timeout 10 /usr/bin/systemctl stop localdns-fallback.service"
+    "[Unit] Wants=localdns-fallback.path"
+    "[Service] ExecStartPre=-/opt/azure/containers/localdns/localdns-fallback-handoff starting"
+    "[Service] ExecStartPost=-/opt/azure/containers/localdns/localdns-fallback-handoff ready"
+    "[Service] ExecStop=-/opt/azure/containers/localdns/localdns-fallback-handoff stopping"
+    "[Service] ExecStopPost=-/opt/azure/containers/localdns/localdns-fallback-handoff stopped"
 )
 # ------------------------------------------------------------------------------------------------
 

@@ -1,5 +1,4 @@
-//! Everything that needs privilege, done once before serving: the `localdns` link and its
-//! addresses, the listener sockets (and the metrics socket), then dropping every capability that
+//! Everything that needs privilege, done once before serving: the listener addresses on `lo`, the listener sockets (and the metrics socket), then dropping every capability that
 //! discovery does not still need.
 
 use std::net::IpAddr;
@@ -73,17 +72,21 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
     }
 }
 
-/// Makes sure link `localdns` exists, is up and carries the listener addresses. Loopback and
-/// wildcard listen addresses (tests, odd setups) are not put on the link.
-fn set_up_link(config: &Config) -> Result<(), String> {
-    let addrs: Vec<IpAddr> = [config.node_listen.ip(), config.cluster_listen.ip()]
+/// The listener addresses that go on `lo`: loopback and wildcard listen addresses (tests, odd
+/// setups) are local already.
+pub(super) fn link_addresses(config: &Config) -> Vec<IpAddr> {
+    [config.node_listen.ip(), config.cluster_listen.ip()]
         .into_iter()
         .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
-        .collect();
-    let outcome = link::ensure(link::LINK_NAME, &addrs)?;
+        .collect()
+}
+
+/// Puts the listener addresses on `lo`, where LocalDNS never deletes them; its own link
+/// `localdns` is left as it is (see `link`).
+fn set_up_link(config: &Config) -> Result<(), String> {
+    let outcome = link::claim_on_loopback(&link_addresses(config))?;
     tracing::info!(
-        link = link::LINK_NAME,
-        created = outcome.created.unwrap_or("no, it was there"),
+        on = link::LOOPBACK,
         added = ?outcome.added,
         already_there = ?outcome.present,
         "listener addresses in place"

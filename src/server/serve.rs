@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use crate::cache::Cache;
 use crate::cli::Config;
 use crate::discover::follow;
 use crate::engine::{self, Engine};
+use crate::listen::Held;
 use crate::mailbox::Mailbox;
 use crate::relay::{self, Relay, Stop};
 use crate::roles::{ListenerRole, UpstreamGroup};
@@ -22,7 +24,7 @@ use crate::systemd::{self, Heartbeats, Notifier};
 use crate::tcp::{self, ClientSide};
 use crate::tcp_pool::UpstreamSide;
 use crate::upstream::{UpstreamSet, UpstreamSets};
-use crate::{listen, metrics};
+use crate::{link, listen, metrics};
 
 /// How long queries already read may take to finish after the listeners close (TCP clients in
 /// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
@@ -117,12 +119,19 @@ pub async fn serve(
         config.upstream_timeout,
     ));
     let mut relay_threads = Vec::new();
+    // The listeners' steering and sockets, for the hand-over to LocalDNS at the stop.
+    let mut held = Vec::new();
+    let handed_over = Arc::new(AtomicBool::new(false));
 
     for (index, (role, bound)) in [(ListenerRole::Node, node), (ListenerRole::Cluster, cluster)]
         .into_iter()
         .enumerate()
     {
         log_listener(role, bound.addr, &sets, &config, &bound.udp);
+        held.push(
+            Held::new(&bound)
+                .map_err(|e| format!("cannot keep the sockets of {}: {e}", bound.addr))?,
+        );
         // Each thread has its own engine, upstream sockets, pending queries and timers; they
         // share the listener socket itself, and epoll wakes one of them per datagram.
         let mut mailboxes = Vec::new();
@@ -162,6 +171,7 @@ pub async fn serve(
                 stop: relay_stop.clone(),
                 heartbeat: (heartbeats.clone(), index * threads + t),
                 drain: DRAIN,
+                handed_over: handed_over.clone(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("relay-{}-{t}", role.name()))
@@ -210,9 +220,24 @@ pub async fn serve(
         ))
     });
 
+    let held = Arc::new(Mutex::new(held));
+    let following = tokio::spawn(follow_steering(held.clone()));
+
     shutdown.await;
     notifier.notify("STOPPING=1");
-    tracing::info!("stopping: closing listeners");
+    following.abort();
+    // New flows to LocalDNS first (when it has joined our ports): the relay threads then answer
+    // what already reached us before they close.
+    let held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+    // Every listener hands over (no short cut), and the drain needs all of them handed.
+    let handed: Vec<bool> = held.iter().map(Held::hand_over).collect();
+    let handed = handed.iter().all(|&h| h);
+    handed_over.store(handed, Ordering::Relaxed);
+    if handed {
+        tracing::info!("stopping: new flows go to LocalDNS; answering what we have");
+    } else {
+        tracing::info!("stopping: closing listeners");
+    }
     status.abort();
     if let Some(m) = metrics_server {
         m.abort();
@@ -231,8 +256,33 @@ pub async fn serve(
     for thread in relay_threads {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
+    // The steering goes right before our last descriptors close, then the addresses on lo.
+    for h in held {
+        h.release();
+    }
+    if config.link_setup {
+        // Without CAP_NET_ADMIN (dropped when nothing needs it) this fails; the unit's
+        // ExecStopPost removes them then, as it does after a kill.
+        if let Err(e) = link::release_from_loopback(&super::prepare::link_addresses(&config)) {
+            tracing::info!("listener addresses left on lo for the unit to remove: {e}");
+        }
+    }
     tracing::info!(drained, "stopped");
     Ok(())
+}
+
+/// How often our place in the ports' SO_REUSEPORT groups is looked at while we serve.
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+
+/// Keeps each listener's steering on our own socket as other members of its groups come and go.
+async fn follow_steering(held: Arc<Mutex<Vec<Held>>>) {
+    let mut ticker = tokio::time::interval(FOLLOW_EVERY);
+    loop {
+        ticker.tick().await;
+        for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+            h.follow();
+        }
+    }
 }
 
 /// Keeps systemd's STATUS= line current (what is served, by whom, how it went in the last

@@ -2,9 +2,11 @@
 # Stand-in for AKS's /opt/azure/containers/localdns/localdns.sh, run by the stand-in
 # localdns.service. It behaves the way the fallback must cope with:
 #   start    (ExecStart) deletes and recreates link `localdns` with 169.254.10.10/32 and .11/32,
-#            runs the "CoreDNS" (dnsmasq) bound to both, points the node's DNS at .10 (the
-#            networkd drop-in), sends READY=1 and WATCHDOG=1 pings. A clean stop or a failure its
-#            EXIT trap sees deletes the link; a SIGKILL leaves link and addresses behind.
+#            runs the "CoreDNS" (tests/systemd/standin.rs `serve`), which binds both at once with
+#            SO_REUSEPORT like CoreDNS (without it when /run/localdns-test/variant says `plain`),
+#            serves about a second later ($COREDNS_DELAY_MS) and then sends READY=1; points the
+#            node's DNS at .10 (the networkd drop-in) and sends WATCHDOG=1 pings. A clean stop or a
+#            failure its EXIT trap sees deletes the link; a SIGKILL leaves link and addresses behind.
 #   cleanup  (ExecStopPost) removes the DNS drop-in and "reloads networkd" asynchronously, so
 #            resolv.conf lists the VNet DNS again only $RESOLVED_DELAY later (the race of CONTEXT §3).
 #            While /run/localdns-test/resolved-hold exists there is no reload at all: the test runs
@@ -66,31 +68,19 @@ start() {
     ip addr add 169.254.10.10/32 dev localdns
     ip addr add 169.254.10.11/32 dev localdns
 
-    dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts --no-poll \
-        --bind-interfaces --listen-address=169.254.10.10 --listen-address=169.254.10.11 \
-        --pid-file= --user=root --log-facility=- \
-        --host-record="$CLUSTER_NAME,$LOCALDNS_CLUSTER_IP" --host-record="$EXTERNAL_NAME,$LOCALDNS_EXTERNAL_IP" \
-        --host-record="$HEALTH_NAME,127.0.0.1" &
+    # The "CoreDNS": binds both listeners at once (SO_REUSEPORT unless the test asked for the
+    # variant without), serves $COREDNS_DELAY_MS later and then sends READY=1 itself.
+    local reuseport=""
+    [[ $(cat "$state/variant" 2>/dev/null || true) == plain ]] && reuseport=--no-reuseport
+    /opt/bin/standin serve $reuseport --delay-ms "${COREDNS_DELAY_MS:-1000}" \
+        "$CLUSTER_NAME=$LOCALDNS_CLUSTER_IP" "$EXTERNAL_NAME=$LOCALDNS_EXTERNAL_IP" "$HEALTH_NAME=127.0.0.1" &
     coredns=$!
     echo "$coredns" >"$state/coredns.pid"
-    local ok=""
-    for _ in $(seq 200); do
-        if [[ $(dig +short +time=1 +tries=1 @169.254.10.10 "$CLUSTER_NAME") == "$LOCALDNS_CLUSTER_IP" &&
-            $(dig +short +time=1 +tries=1 @169.254.10.11 "$CLUSTER_NAME") == "$LOCALDNS_CLUSTER_IP" ]]; then
-            ok=1
-            break
-        fi
-        kill -0 "$coredns" || break
-        sleep 0.05
-    done
-    [[ -n $ok ]] || { echo "stand-in LocalDNS: CoreDNS did not come up"; exit 1; }
-
     touch "$dropin"
     resolved_reload
-    systemd-notify --ready --status="serving 169.254.10.10 and 169.254.10.11"
     (while sleep 10; do systemd-notify WATCHDOG=1; done) &
     pinger=$!
-    # Like localdns.sh's watchdog loop: when CoreDNS goes away, the service fails.
+    # Like localdns.sh's watchdog loop: when CoreDNS goes away (or never binds), the service fails.
     wait "$coredns" || true
     echo "stand-in LocalDNS: CoreDNS exited"
     exit 1

@@ -1,0 +1,396 @@
+//! Sharing LocalDNS's ports and handing them back (issue 15), in network namespaces:
+//! - the steering program keeps every new flow on the fallback's sockets while it serves, even
+//!   when a socket bound later (a LocalDNS that is starting) or earlier (an orphaned CoreDNS)
+//!   shares the SO_REUSEPORT group; after `hand_over` new flows go to the other member, what the
+//!   fallback had queued is still there to answer; after `release` the group shares again;
+//! - the listener addresses on `lo` keep the daemon answering while LocalDNS deletes and
+//!   recreates its link, and the fallback never makes that link itself;
+//! - the daemon itself, stopped beside a LocalDNS that joined its ports, answers every query a
+//!   client sent across the handoff (hand over, drain, detach) and leaves nothing on `lo`.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use hickory_proto::rr::RecordType;
+use localdns_fallback::link;
+use localdns_fallback::listen::{self, Bound};
+use nix::sys::signal::Signal;
+use socket2::{Domain, Protocol, Socket, Type};
+
+const LISTENER: &str = "169.254.10.10:53";
+
+fn listener() -> SocketAddr {
+    LISTENER.parse().expect("literal")
+}
+
+/// A namespace with the listener address on `lo`.
+fn node() -> Netns {
+    require_root_and_tools(&["ip"]);
+    let ns = Netns::new("handoff");
+    ns.ip("addr add 169.254.10.10/32 dev lo");
+    ns
+}
+
+/// Our listener, bound the way the daemon binds it.
+fn bind_ours() -> Bound {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(listen::bind_listener(listener(), Duration::from_secs(1)))
+        .expect("binds")
+}
+
+/// Another process's sockets on the same port with SO_REUSEPORT, as CoreDNS binds them.
+fn bind_coredns() -> (UdpSocket, std::net::TcpListener) {
+    let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+    udp.set_reuse_port(true).unwrap();
+    udp.bind(&listener().into()).unwrap();
+    let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+    tcp.set_reuse_port(true).unwrap();
+    tcp.set_reuse_address(true).unwrap();
+    tcp.bind(&listener().into()).unwrap();
+    tcp.listen(128).unwrap();
+    let udp: UdpSocket = udp.into();
+    udp.set_nonblocking(true).unwrap();
+    let tcp: std::net::TcpListener = tcp.into();
+    tcp.set_nonblocking(true).unwrap();
+    (udp, tcp)
+}
+
+/// Sends `n` datagrams, each from a new socket (a new flow), tagged `tag`.
+fn send_flows(n: usize, tag: u8) {
+    for i in 0..n {
+        let c = UdpSocket::bind("0.0.0.0:0").unwrap();
+        c.send_to(&[tag, i as u8], listener()).unwrap();
+    }
+}
+
+/// Datagrams waiting on `s`, by tag.
+fn drain_udp(s: &UdpSocket) -> Vec<u8> {
+    std::thread::sleep(Duration::from_millis(50));
+    let mut tags = Vec::new();
+    let mut buf = [0u8; 16];
+    while let Ok(n) = s.recv(&mut buf) {
+        if n > 0 {
+            tags.push(buf[0]);
+        }
+    }
+    tags
+}
+
+/// Opens `n` TCP connections to the listener and returns them (kept open until dropped).
+fn connect_flows(n: usize) -> Vec<std::net::TcpStream> {
+    (0..n)
+        .map(|_| std::net::TcpStream::connect_timeout(&listener(), Duration::from_secs(2)).unwrap())
+        .collect()
+}
+
+fn accepted(l: &std::net::TcpListener) -> usize {
+    std::thread::sleep(Duration::from_millis(50));
+    let mut n = 0;
+    while l.accept().is_ok() {
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() {
+    let ns = node();
+    ns.enter(|| {
+        let ours = bind_ours();
+        assert_eq!(
+            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (Some(0), Some(0))
+        );
+        ours.udp.set_nonblocking(true).unwrap();
+        let our_tcp = ours.tcp.into_std().unwrap();
+        our_tcp.set_nonblocking(true).unwrap();
+        // LocalDNS starting beside us: bound, in the group.
+        let (ld_udp, ld_tcp) = bind_coredns();
+
+        send_flows(200, 1);
+        let _c1 = connect_flows(20);
+        assert_eq!(
+            drain_udp(&ours.udp).len(),
+            200,
+            "every flow to the fallback"
+        );
+        assert!(
+            drain_udp(&ld_udp).is_empty(),
+            "none to the starting LocalDNS"
+        );
+        assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (20, 0));
+
+        // LocalDNS is ready: hand over. Queued before, still ours to answer; new flows go to it.
+        send_flows(50, 2);
+        let handed = ours
+            .steering
+            .hand_over(ours.udp.as_fd(), our_tcp.as_fd())
+            .unwrap();
+        assert!(handed, "LocalDNS is in both groups");
+        send_flows(200, 3);
+        let _c2 = connect_flows(20);
+        let mine = drain_udp(&ours.udp);
+        assert_eq!(
+            mine,
+            vec![2; 50],
+            "exactly what was queued before the hand-over"
+        );
+        assert_eq!(
+            drain_udp(&ld_udp),
+            vec![3; 200],
+            "every new flow to LocalDNS"
+        );
+        assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (0, 20));
+
+        // Released: plain SO_REUSEPORT sharing, both members get flows.
+        ours.steering
+            .release(ours.udp.as_fd(), our_tcp.as_fd())
+            .unwrap();
+        send_flows(200, 4);
+        let (a, b) = (drain_udp(&ours.udp).len(), drain_udp(&ld_udp).len());
+        assert_eq!(a + b, 200);
+        assert!(a > 20 && b > 20, "shared after release: {a} / {b}");
+    });
+}
+
+#[test]
+fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
+    let ns = node();
+    ns.enter(|| {
+        let (orphan_udp, orphan_tcp) = bind_coredns();
+        let ours = bind_ours();
+        assert_eq!(
+            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (Some(1), Some(1)),
+            "joined after the orphan"
+        );
+        ours.udp.set_nonblocking(true).unwrap();
+        let our_tcp = ours.tcp.into_std().unwrap();
+        our_tcp.set_nonblocking(true).unwrap();
+        send_flows(200, 1);
+        let _c = connect_flows(20);
+        assert_eq!(drain_udp(&ours.udp).len(), 200);
+        assert!(drain_udp(&orphan_udp).is_empty());
+        assert_eq!((accepted(&our_tcp), accepted(&orphan_tcp)), (20, 0));
+    });
+}
+
+#[test]
+fn when_the_orphan_exits_the_steering_follows_our_new_place() {
+    // The orphan (index 0) exits while we are the last member: the kernel moves us to index 0,
+    // and the program still names 1, which a LocalDNS starting next would get. `follow` sees it.
+    let ns = node();
+    ns.enter(|| {
+        let (orphan_udp, orphan_tcp) = bind_coredns();
+        let mut ours = bind_ours();
+        ours.udp.set_nonblocking(true).unwrap();
+        let our_tcp = ours.tcp.into_std().unwrap();
+        our_tcp.set_nonblocking(true).unwrap();
+        drop((orphan_udp, orphan_tcp));
+        ours.steering
+            .follow(ours.udp.as_fd(), our_tcp.as_fd())
+            .unwrap();
+        assert_eq!(
+            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (Some(0), Some(0))
+        );
+        let (ld_udp, ld_tcp) = bind_coredns();
+        send_flows(200, 1);
+        let _c = connect_flows(20);
+        assert_eq!(
+            drain_udp(&ours.udp).len(),
+            200,
+            "still every flow to the fallback"
+        );
+        assert!(drain_udp(&ld_udp).is_empty());
+        assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (20, 0));
+    });
+}
+
+#[test]
+fn a_socket_without_so_reuseport_cannot_bind_beside_the_fallback() {
+    // What LocalDNS's server meets if it binds without SO_REUSEPORT: the fallback must yield the
+    // ports (the units do it before LocalDNS's next start attempt).
+    let ns = node();
+    ns.enter(|| {
+        let _ours = bind_ours();
+        let e = UdpSocket::bind(LISTENER).expect_err("the port is shared only with SO_REUSEPORT");
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+    });
+}
+
+#[test]
+fn loopback_addresses_are_claimed_once_and_released() {
+    let ns = Netns::new("lo");
+    let addrs = [
+        "169.254.10.10".parse().unwrap(),
+        "169.254.10.11".parse().unwrap(),
+    ];
+    ns.enter(|| {
+        let first = link::claim_on_loopback(&addrs).unwrap();
+        assert_eq!(first.added, addrs);
+        let again = link::claim_on_loopback(&addrs).unwrap();
+        assert_eq!((again.added.len(), again.present), (0, addrs.to_vec()));
+    });
+    let shown = ns.ip("-4 addr show dev lo");
+    assert!(
+        shown.contains("169.254.10.10/32") && shown.contains("169.254.10.11/32"),
+        "{shown}"
+    );
+    ns.enter(|| {
+        link::release_from_loopback(&addrs).unwrap();
+        link::release_from_loopback(&addrs).expect("releasing twice is fine");
+    });
+    let shown = ns.ip("-4 addr show dev lo");
+    assert!(!shown.contains("169.254.10.1"), "{shown}");
+}
+
+#[test]
+fn the_daemon_keeps_answering_while_localdns_recreates_its_link() {
+    let node = OneUpstream::start(
+        Mode::Normal {
+            answer_v4: "10.0.0.1".parse().unwrap(),
+        },
+        &[],
+    );
+    let ns = &node.topo.node;
+    let on_lo = ns.ip("-4 addr show dev lo");
+    assert!(
+        on_lo.contains("169.254.10.10/32") && on_lo.contains("169.254.10.11/32"),
+        "{on_lo}"
+    );
+    let ask = |l: &str| dig(ns, &[&format!("@{l}"), "+time=1", "+tries=1", "a.example"]);
+    // LocalDNS's start: delete the link, (a moment later) recreate it with both addresses.
+    ns.ip("link del localdns");
+    for l in ["169.254.10.10", "169.254.10.11"] {
+        let r = ask(l);
+        assert_eq!(r.answers, ["10.0.0.1"], "{l} without the link: {}", r.raw);
+    }
+    // The fallback does not put the link back: LocalDNS's own `ip link add` must not collide.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !ns.ip("link show").contains("localdns"),
+        "the fallback made the link"
+    );
+    ns.ip("link add localdns type veth peer name localdns-p");
+    ns.ip("addr add 169.254.10.10/32 dev localdns");
+    ns.ip("addr add 169.254.10.11/32 dev localdns");
+    ns.ip("link set localdns up");
+    let started = Instant::now();
+    for l in ["169.254.10.10", "169.254.10.11"] {
+        let r = ask(l);
+        assert_eq!(r.answers, ["10.0.0.1"], "{l} with the link back: {}", r.raw);
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+/// LocalDNS's server as the fallback meets it at the handoff: UDP and TCP on both listeners with
+/// SO_REUSEPORT, answering every UDP query at once with an empty NOERROR reply (no answer record,
+/// so a reply tells who gave it). Runs until `stop`.
+fn localdns_beside(ns: &Netns, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    let mut threads = Vec::new();
+    for l in ["169.254.10.10:53", "169.254.10.11:53"] {
+        let addr: SocketAddr = l.parse().unwrap();
+        let (udp, tcp) = ns.enter(|| {
+            let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+            udp.set_reuse_port(true).unwrap();
+            udp.bind(&addr.into()).unwrap();
+            let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+            tcp.set_reuse_port(true).unwrap();
+            tcp.set_reuse_address(true).unwrap();
+            tcp.bind(&addr.into()).unwrap();
+            tcp.listen(16).unwrap();
+            (UdpSocket::from(udp), tcp)
+        });
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let _tcp = tcp;
+            udp.set_read_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
+            let mut buf = [0u8; 512];
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = udp.recv_from(&mut buf) {
+                    if n >= 12 {
+                        buf[2] |= 0x80;
+                        let _ = udp.send_to(&buf[..n], from);
+                    }
+                }
+            }
+        }));
+    }
+    threads
+}
+
+#[test]
+fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined() {
+    // Upstream answers come 30 ms late, so queries are in flight at the hand-over.
+    let node = OneUpstream::start(
+        Mode::Delay {
+            answer_v4: "10.0.0.1".parse().unwrap(),
+            delay: Duration::from_millis(30),
+        },
+        &[],
+    );
+    let ns = &node.topo.node;
+    let stop = Arc::new(AtomicBool::new(false));
+    let localdns = localdns_beside(ns, stop.clone());
+    // Pods asking every 2 ms from new sockets (new flows), each waiting up to 1 s for a reply.
+    let path = ns.path();
+    let asking = std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let to: SocketAddr = "169.254.10.11:53".parse().unwrap();
+        let mut waiting = Vec::new();
+        let started = Instant::now();
+        let mut id = 0u16;
+        while started.elapsed() < Duration::from_millis(800) {
+            id += 1;
+            let query = make_query("a.example.", RecordType::A, id, None);
+            let me =
+                std::thread::spawn(move || udp_exchange_here(to, &query, Duration::from_secs(1)));
+            waiting.push(me);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        waiting
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    node.fwd.signal(Signal::SIGTERM);
+    let status = node.fwd.wait_exit(Duration::from_secs(5)).expect("exits");
+    let replies = asking.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for t in localdns {
+        t.join().unwrap();
+    }
+    assert!(status.success(), "{status}: {}", node.fwd.logs());
+    let logs = node.fwd.logs();
+    assert!(logs.contains("new flows go to LocalDNS"), "{logs}");
+    let lost = replies.iter().filter(|r| r.is_none()).count();
+    let by_fallback = replies
+        .iter()
+        .flatten()
+        .filter(|r| r.len() > 7 && r[7] > 0)
+        .count();
+    let by_localdns = replies.len() - lost - by_fallback;
+    eprintln!(
+        "{} queries across the handoff: {by_fallback} answered by the fallback, {by_localdns} by LocalDNS, {lost} lost",
+        replies.len()
+    );
+    assert_eq!(lost, 0, "queries lost in the handoff");
+    assert!(by_fallback > 0 && by_localdns > 0);
+    assert!(
+        !logs.contains(" WARN ") && !logs.contains(" ERROR "),
+        "a plain handoff is nothing to warn about: {logs}"
+    );
+}
