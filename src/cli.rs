@@ -52,7 +52,8 @@ FLAGS:
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
     --allow-wildcard            allow a wildcard listen address (0.0.0.0, ::): off, because it would
                                 answer on every interface of the node
-    --no-link-setup             do not create the localdns link or add the listener addresses to it
+    --no-link-setup             do not put the listener addresses on lo (they keep us reachable while
+                                LocalDNS recreates its localdns link)
     --metrics ADDR              serve Prometheus metrics at http://ADDR/metrics [default: off]
     --log-level LEVEL           error, warn, info, debug or trace [default: info]
     --json                      with discover: print JSON
@@ -85,7 +86,7 @@ pub struct Config {
     pub allow_wildcard: bool,
     /// Where to serve /metrics, if anywhere.
     pub metrics: Option<SocketAddr>,
-    /// Create link `localdns` and put the listener addresses on it if missing.
+    /// Put the listener addresses on lo if missing (removed again when serving ends).
     pub link_setup: bool,
     pub log_level: tracing::Level,
     pub cache: cache::Limits,
