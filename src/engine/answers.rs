@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::outbox::Outbox;
+use super::pending::Pending;
 use super::{Client, Dest, Engine, Event, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE};
 use crate::answer;
 use crate::cache::{Cache, Key};
@@ -20,20 +21,7 @@ impl Engine {
             return;
         }
         let mut p = self.slots[slot as usize].pending.take().expect("checked");
-        let askers = p.askers().count();
-        self.stats.stale.fetch_add(askers as u64, RELAXED);
-        self.events
-            .push_back(Event::ServedStale { answers: askers });
-        for (client, query, q) in p.askers() {
-            deliver(
-                &mut self.outbox,
-                &mut self.scratch,
-                &self.answer,
-                client,
-                query,
-                q,
-            );
-        }
+        self.serve_stale_to_all(&p);
         p.client = None;
         p.followers.clear();
         p.stale_served = true;
@@ -62,19 +50,7 @@ impl Engine {
         }
         if let Some(key) = &p.key {
             if self.lookup(key, now, true) {
-                let answers = p.askers().count();
-                self.stats.stale.fetch_add(answers as u64, RELAXED);
-                self.events.push_back(Event::ServedStale { answers });
-                for (client, query, q) in p.askers() {
-                    deliver(
-                        &mut self.outbox,
-                        &mut self.scratch,
-                        &self.answer,
-                        client,
-                        query,
-                        q,
-                    );
-                }
+                self.serve_stale_to_all(&p);
                 return;
             }
         }
@@ -88,6 +64,23 @@ impl Engine {
                     self.outbox.push(Dest::Client(client), &self.scratch);
                 }
             }
+        }
+    }
+
+    /// The stale answer in `self.answer`, to everyone waiting on `p`.
+    fn serve_stale_to_all(&mut self, p: &Pending) {
+        let answers = p.askers().count();
+        self.stats.stale.fetch_add(answers as u64, RELAXED);
+        self.events.push_back(Event::ServedStale { answers });
+        for (client, query, q) in p.askers() {
+            deliver(
+                &mut self.outbox,
+                &mut self.scratch,
+                &self.answer,
+                client,
+                query,
+                q,
+            );
         }
     }
 
