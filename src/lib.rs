@@ -1,7 +1,9 @@
 //! localdns-fallback: a DNS forwarder of last resort for AKS nodes whose LocalDNS has failed.
 //!
 //! # Layout
-//! Every module imports only modules listed above it here, so the graph has no cycle.
+//! Modules import one another one way only (`tests/module_graph.rs` fails on a cycle): the pure
+//! parts import nothing outside themselves, the shells import the pure parts, start-up imports
+//! everything.
 //!
 //! The vocabulary and the pure parts (no socket, no clock, no log):
 //! - [`roles`]: listener roles, upstream groups, transports.
