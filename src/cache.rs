@@ -58,19 +58,30 @@ pub struct Key {
     name: Box<[u8]>,
     qtype: u16,
     qclass: u16,
-    /// DO and CD change what an upstream puts in the answer; EDNS decides whether an OPT record
-    /// is in it. (Bits: 1 = EDNS, 2 = DO, 4 = CD.)
+    /// The query bits that change what an upstream puts in the answer: EDNS decides whether an
+    /// OPT record is in it, DO whether DNSSEC records are, CD whether validation failures are
+    /// hidden, RD whether the upstream recursed, and AD (without DO) whether it may say the
+    /// answer was validated. (Bits: 1 = EDNS, 2 = DO, 4 = CD, 8 = RD, 16 = AD without DO.)
     flags: u8,
 }
 
 impl Key {
     /// The key of a query's answer; `None` for a query whose answer must not come from or go to
-    /// the cache.
+    /// the cache, nor be shared with other askers: one for an EDNS version other than 0 (the
+    /// upstream answers it BADVERS or its own way), and one with options that may change the
+    /// answer (ECS scopes it to the asker's subnet; NSID and unknown options ask the upstream
+    /// something of its own).
     pub fn new(group: UpstreamGroup, query: &[u8], q: &wire::Query) -> Option<Key> {
+        if q.edns_version != 0 || q.answer_options {
+            return None;
+        }
         let name: Box<[u8]> = q.name(query).iter().map(u8::to_ascii_lowercase).collect();
+        let (rd, ad) = (query[2] & 0x01 != 0, query[3] & 0x20 != 0);
         let flags = u8::from(q.edns)
             | (u8::from(q.dnssec_ok) << 1)
-            | (u8::from(wire::checking_disabled(query)) << 2);
+            | (u8::from(wire::checking_disabled(query)) << 2)
+            | (u8::from(rd) << 3)
+            | (u8::from(ad && !q.dnssec_ok) << 4);
         Some(Key {
             group,
             name,
@@ -148,7 +159,20 @@ impl Cache {
         if age >= entry.fresh_for {
             return false;
         }
-        copy_with_ttls(entry, |ttl| ttl.saturating_sub(age.as_secs() as u32), out);
+        // A record alive upstream is never served with TTL 0 (that says "do not cache"), also
+        // when --cache-min-ttl keeps it past its own TTL; one that came with TTL 0 keeps it.
+        let age = age.as_secs().min(u64::from(u32::MAX)) as u32;
+        copy_with_ttls(
+            entry,
+            |ttl| {
+                if ttl == 0 {
+                    0
+                } else {
+                    ttl.saturating_sub(age).max(1)
+                }
+            },
+            out,
+        );
         true
     }
 
@@ -166,8 +190,11 @@ impl Cache {
         true
     }
 
-    /// Stores `reply` if it may be cached; returns whether it was.
+    /// Stores `reply` if it may be cached; returns whether it was. A COOKIE or ECS option in it
+    /// is left out of what is stored: those belong to the client that asked.
     pub fn put(&mut self, key: Key, reply: &[u8], now: Instant) -> bool {
+        let shared = without_private_options(reply);
+        let reply = shared.as_deref().unwrap_or(reply);
         let Some((fresh_for, ttl_offsets)) = cacheable(reply, &self.limits) else {
             return false;
         };
@@ -196,6 +223,21 @@ impl Cache {
     }
 }
 
+/// `reply` without the COOKIE and ECS options of its OPT record (and without any record after
+/// it), if it has such options.
+fn without_private_options(reply: &[u8]) -> Option<Vec<u8>> {
+    let layout = wire::layout(reply)?;
+    let opt = layout.opt?;
+    if !wire::has_private_options(reply, &opt) {
+        return None;
+    }
+    let mut out = reply[..opt.start].to_vec();
+    let dnssec_ok = reply[opt.rdata - 4] & 0x80 != 0;
+    wire::push_reply_opt(reply, &opt, dnssec_ok, false, &mut out);
+    out[10..12].copy_from_slice(&(layout.additional_before_opt + 1).to_be_bytes());
+    Some(out)
+}
+
 fn copy_with_ttls(entry: &Entry, ttl: impl Fn(u32) -> u32, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(&entry.reply);
@@ -206,10 +248,12 @@ fn copy_with_ttls(entry: &Entry, ttl: impl Fn(u32) -> u32, out: &mut Vec<u8>) {
     }
 }
 
-/// May `reply` be cached, and for how long? Positive answers live for their smallest TTL,
-/// negative ones (NXDOMAIN, NODATA) for the SOA's TTL capped by its MINIMUM field (RFC 2308 §5),
-/// both clamped to the limits. SERVFAIL, REFUSED and every other error, truncated replies,
-/// negative answers without an SOA and anything malformed are not cached.
+/// May `reply` be cached, and for how long? Positive answers live for their smallest answer
+/// TTL; negative ones (NXDOMAIN, NODATA) for the SOA's TTL capped by its MINIMUM field, and so
+/// does a NODATA or NXDOMAIN behind a CNAME (RFC 2308 §5: an SOA in the authority section
+/// bounds the whole answer, whatever TTL the CNAME has); both clamped to the limits. SERVFAIL,
+/// REFUSED and every other error, truncated replies, negative answers without an SOA and
+/// anything malformed are not cached.
 fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
     if reply.len() < wire::HEADER_LEN
         || wire::is_truncated(reply)
@@ -225,7 +269,6 @@ fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
     let mut offsets = Vec::with_capacity(records.len());
     let mut answer_ttl: Option<u32> = None;
     let mut negative_ttl: Option<u32> = None;
-    let mut answers = 0;
     for rr in &records {
         if rr.rtype == TYPE_OPT {
             continue;
@@ -233,20 +276,23 @@ fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
         offsets.push(rr.ttl_offset as u16);
         match rr.section {
             wire::Section::Answer => {
-                answers += 1;
                 answer_ttl = Some(answer_ttl.map_or(rr.ttl, |t| t.min(rr.ttl)));
             }
             wire::Section::Authority if rr.rtype == TYPE_SOA => {
                 let minimum = rr.soa_minimum.unwrap_or(rr.ttl);
-                negative_ttl = Some(rr.ttl.min(minimum));
+                let ttl = rr.ttl.min(minimum);
+                negative_ttl = Some(negative_ttl.map_or(ttl, |t| t.min(ttl)));
             }
             _ => {}
         }
     }
-    let ttl = if code == rcode::NOERROR && answers > 0 {
-        answer_ttl?
-    } else {
-        negative_ttl?
+    let negative = code == rcode::NXDOMAIN || answer_ttl.is_none();
+    let ttl = match (answer_ttl, negative_ttl) {
+        (_, None) if negative => return None,
+        (Some(a), Some(n)) => a.min(n),
+        (None, Some(n)) => n,
+        (Some(a), None) => a,
+        (None, None) => return None,
     };
     let fresh_for = Duration::from_secs(u64::from(ttl)).clamp(limits.min_ttl, limits.max_ttl);
     Some((fresh_for, offsets.into_boxed_slice()))
