@@ -656,6 +656,144 @@ mod tests {
         assert_eq!(c.bytes(), before);
     }
 
+    fn edns_query(qname: &str, options: &[(u16, &[u8])], version: u8) -> Vec<u8> {
+        let mut o = wire::tests::opt(1232, false, options);
+        o.version = version;
+        wire::tests::query_with(qname, A, [1, 0], Some(&o))
+    }
+
+    fn key_of(q: &[u8]) -> Option<Key> {
+        Key::new(UpstreamGroup::KubeDns, q, &wire::parse_query(q).unwrap())
+    }
+
+    #[test]
+    fn queries_whose_answers_are_their_own_are_never_keyed() {
+        use wire::option;
+        assert!(key_of(&edns_query("a.x", &[], 0)).is_some());
+        let cookie: &[u8] = &[1; 8];
+        assert_eq!(
+            key_of(&edns_query("a.x", &[(option::COOKIE, cookie)], 0)),
+            key_of(&edns_query("a.x", &[], 0)),
+            "a cookie does not change the answer"
+        );
+        assert!(key_of(&edns_query("a.x", &[(option::PADDING, &[0; 8])], 0)).is_some());
+        assert!(
+            key_of(&edns_query("a.x", &[], 1)).is_none(),
+            "EDNS version 1"
+        );
+        let ecs: &[u8] = &[0, 1, 24, 0, 192, 0, 2];
+        assert!(
+            key_of(&edns_query("a.x", &[(option::ECS, ecs)], 0)).is_none(),
+            "ECS"
+        );
+        assert!(key_of(&edns_query("a.x", &[(3, b"")], 0)).is_none(), "NSID");
+        assert!(
+            key_of(&edns_query("a.x", &[(65001, b"?")], 0)).is_none(),
+            "unknown"
+        );
+    }
+
+    #[test]
+    fn rd_and_ad_are_part_of_the_key() {
+        let with = |flags: [u8; 2], dnssec_ok: bool| {
+            let o = wire::tests::opt(1232, dnssec_ok, &[]);
+            key_of(&wire::tests::query_with("a.x", A, flags, Some(&o))).unwrap()
+        };
+        assert_ne!(with([1, 0], false), with([0, 0], false), "RD");
+        assert_ne!(with([1, 0], false), with([1, 0x20], false), "AD");
+        assert_eq!(
+            with([1, 0], true),
+            with([1, 0x20], true),
+            "with DO, AD in the query changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_record_alive_upstream_is_never_served_with_ttl_0() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let q = query(1, "ttl1.example", A, false);
+        let r = reply(
+            &q,
+            0,
+            &[
+                Rr {
+                    rtype: A,
+                    ttl: 1,
+                    rdata: &[1, 2, 3, 4],
+                },
+                Rr {
+                    rtype: A,
+                    ttl: 0,
+                    rdata: &[1, 2, 3, 5],
+                },
+            ],
+            &[],
+        );
+        assert!(c.put(key(&q), &r, t0));
+        let mut out = Vec::new();
+        for s in [0, 1, 4] {
+            assert!(c.get_fresh(&key(&q), t0 + Duration::from_secs(s), &mut out));
+            assert_eq!(ttls(&out), [1, 0], "at {s} s: raised to 1, a 0 stays 0");
+        }
+    }
+
+    #[test]
+    fn a_denial_behind_a_cname_lives_for_the_negative_ttl() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        let soa = soa(30);
+        for (qtype, code) in [(28, rcode::NOERROR), (A, rcode::NXDOMAIN)] {
+            let q = query(1, "alias.example", qtype, false);
+            let r = reply(
+                &q,
+                code,
+                &[Rr {
+                    rtype: 5,
+                    ttl: 3600,
+                    rdata: &name("target.example"),
+                }],
+                &[Rr {
+                    rtype: TYPE_SOA,
+                    ttl: 3600,
+                    rdata: &soa,
+                }],
+            );
+            assert!(c.put(key(&q), &r, t0));
+            assert!(c.get_fresh(&key(&q), t0 + Duration::from_secs(29), &mut out));
+            assert!(
+                !c.get_fresh(&key(&q), t0 + Duration::from_secs(30), &mut out),
+                "rcode {code}: the SOA bounds it, not the CNAME's 3600 s"
+            );
+        }
+    }
+
+    #[test]
+    fn cookies_and_ecs_are_not_stored() {
+        use wire::option;
+        let mut c = cache();
+        let t0 = Instant::now();
+        let q = edns_query("a.x", &[], 0);
+        let cookie: &[u8] = &[7; 24];
+        let ecs: &[u8] = &[0, 1, 24, 24, 192, 0, 2];
+        let upstream_opt = wire::tests::opt(
+            1232,
+            false,
+            &[(option::COOKIE, cookie), (option::ECS, ecs), (3, b"ns")],
+        );
+        let r = wire::tests::reply_with(&q, 0x80, &wire::tests::a_records(2), Some(&upstream_opt));
+        assert!(c.put(key_of(&q).unwrap(), &r, t0));
+        let mut out = Vec::new();
+        assert!(c.get_fresh(&key_of(&q).unwrap(), t0, &mut out));
+        let m = wire::tests::hickory(&out);
+        use hickory_proto::rr::rdata::opt::EdnsCode;
+        let edns = m.extensions().as_ref().unwrap();
+        assert!(edns.option(EdnsCode::Cookie).is_none() && edns.option(EdnsCode::Subnet).is_none());
+        assert!(edns.option(EdnsCode::NSID).is_some());
+        assert_eq!(m.answers().len(), 2);
+    }
+
     #[test]
     fn off_when_size_is_zero() {
         assert!(
