@@ -81,7 +81,7 @@ fn opcode(p: &[u8]) -> u8 {
     (p[2] >> 3) & 0x0f
 }
 
-fn counts(p: &[u8]) -> [u16; 4] {
+pub fn counts(p: &[u8]) -> [u16; 4] {
     [
         u16::from_be_bytes([p[4], p[5]]),
         u16::from_be_bytes([p[6], p[7]]),
@@ -242,15 +242,14 @@ fn for_each_option(mut rdata: &[u8], mut f: impl FnMut(u16, &[u8]) -> bool) -> O
 
 fn resource_record(p: &[u8], at: usize) -> Option<ResourceRecord> {
     let fixed = skip_name(p, at)?;
-    let rtype = u16_at(p, fixed)?;
-    let class = u16_at(p, fixed + 2)?;
-    let ttl = u32::from(u16_at(p, fixed + 4)?) << 16 | u32::from(u16_at(p, fixed + 6)?);
-    let rdlen = u16_at(p, fixed + 8)? as usize;
+    // One bounds check for the fixed part: this runs for every record of every answer.
+    let f: &[u8; 10] = p.get(fixed..fixed + 10)?.try_into().ok()?;
+    let rdlen = usize::from(u16::from_be_bytes([f[8], f[9]]));
     let end = fixed + 10 + rdlen;
     (end <= p.len()).then_some(ResourceRecord {
-        rtype,
-        class,
-        ttl,
+        rtype: u16::from_be_bytes([f[0], f[1]]),
+        class: u16::from_be_bytes([f[2], f[3]]),
+        ttl: u32::from_be_bytes([f[4], f[5], f[6], f[7]]),
         ttl_offset: fixed + 4,
         rdata: fixed + 10,
         end,
@@ -561,28 +560,43 @@ pub fn truncate(reply: &mut Vec<u8>, limit: usize) {
             Some(end) if end + 4 <= reply.len() => question_end = end + 4,
             _ => {
                 question_end = HEADER_LEN;
+                reply[4..6].fill(0);
                 break;
             }
         }
     }
-    // Find the records' ends and the trailing OPT record; a walk that fails keeps no record.
+    // Find the trailing OPT record; a walk that fails keeps no record.
     let total = usize::from(an) + usize::from(ns) + usize::from(ar);
     let mut at = question_end;
-    let mut opt = None;
-    let mut walked = 0;
-    while walked < total {
+    let mut opt_start = None;
+    for walked in 0..total {
         let Some(rr) = resource_record(reply, at) else {
-            break;
+            cut_records(reply, limit, question_end, None, false);
+            return;
         };
         if walked + 1 == total && rr.rtype == TYPE_OPT && ar > 0 {
-            opt = Some((at, rr.end));
+            opt_start = Some(at);
         }
         at = rr.end;
-        walked += 1;
     }
-    let whole = walked == total;
-    let (opt_start, mut opt_len) = match opt {
-        Some((start, end)) if whole => (start, end - start),
+    cut_records(reply, limit, question_end, opt_start, true);
+}
+
+/// [`truncate`] for a caller that knows where the question ends and whether the last record
+/// (ending the message) is an OPT record: `walkable` says the records parse.
+pub fn cut_records(
+    reply: &mut Vec<u8>,
+    limit: usize,
+    question_end: usize,
+    opt_start: Option<usize>,
+    walkable: bool,
+) {
+    if reply.len() <= limit {
+        return;
+    }
+    let [_, an, ns, ar] = counts(reply);
+    let (opt_start, mut opt_len) = match opt_start {
+        Some(start) if walkable => (start, reply.len() - start),
         _ => (0, 0),
     };
     // An OPT whose options alone would not fit keeps its fixed part only.
@@ -591,22 +605,21 @@ pub fn truncate(reply: &mut Vec<u8>, limit: usize) {
         opt_len = 11;
     }
     let budget = limit.saturating_sub(opt_len);
-    let (mut cut, mut kept) = (question_end, 0usize);
-    let records = if whole {
+    let total = usize::from(an) + usize::from(ns) + usize::from(ar);
+    let records = if walkable {
         total - usize::from(opt_len > 0)
     } else {
         0
     };
-    let mut at = question_end;
+    let (mut cut, mut kept) = (question_end, 0usize);
     while kept < records {
-        let Some(rr) = resource_record(reply, at) else {
+        let Some(rr) = resource_record(reply, cut) else {
             break;
         };
         if rr.end > budget {
             break;
         }
-        at = rr.end;
-        cut = at;
+        cut = rr.end;
         kept += 1;
     }
     if opt_len > 0 {
@@ -618,9 +631,6 @@ pub fn truncate(reply: &mut Vec<u8>, limit: usize) {
     let kept_ar = kept - kept_an - kept_ns + usize::from(opt_len > 0);
     if kept_an < usize::from(an) || kept_ns < usize::from(ns) {
         reply[2] |= TC;
-    }
-    if question_end == HEADER_LEN {
-        reply[4..6].fill(0);
     }
     reply[6..8].copy_from_slice(&(kept_an as u16).to_be_bytes());
     reply[8..10].copy_from_slice(&(kept_ns as u16).to_be_bytes());
