@@ -25,10 +25,6 @@ const NODE: &str = "169.254.10.10";
 const CLUSTER: &str = "169.254.10.11";
 const ZONE: &str = "transp.test.";
 const WAIT: Duration = Duration::from_secs(3);
-/// Flip to true once the engine retries over TCP a UDP try whose reply has TC set when the
-/// asker's limit is larger than the truncated reply: then even a 4096-byte asker must get what
-/// the upstream gives it directly.
-const ENGINE_RETRIES_TRUNCATED_OVER_TCP: bool = false;
 
 fn listener(ip: &str) -> SocketAddr {
     SocketAddr::new(ip.parse().expect("literal"), 53)
@@ -268,13 +264,9 @@ fn differences(s: &Spec, query: &[u8], ours: &[u8], theirs: &[u8], full: &[u8]) 
         if !oa.is_subset(&fa) || !on.is_subset(&fnn) {
             d.push("cut answer holds records the upstream's whole answer lacks".into());
         }
-        // The upstream leg advertises 1232 bytes; a larger answer comes back TC. Until the engine
-        // fetches such an answer over TCP for an asker that could take it (the lead's part of
-        // issue 13), that one difference is expected, and only for such askers.
-        let awaiting_tcp_retry = !ENGINE_RETRIES_TRUNCATED_OVER_TCP
-            && s.edns.as_ref().is_some_and(|e| e.0 > 1232)
-            && theirs.len() > 1232;
-        if o.truncated() && !t.truncated() && !awaiting_tcp_retry {
+        // The upstream leg advertises 1232 bytes; an asker that takes more must still get the
+        // whole answer (the engine fetches it over TCP).
+        if o.truncated() && !t.truncated() {
             d.push("TC where the upstream fitted the answer".into());
         }
         if oa.is_empty() && !o.answers().is_empty() {
