@@ -58,19 +58,30 @@ pub struct Key {
     name: Box<[u8]>,
     qtype: u16,
     qclass: u16,
-    /// DO and CD change what an upstream puts in the answer; EDNS decides whether an OPT record
-    /// is in it. (Bits: 1 = EDNS, 2 = DO, 4 = CD.)
+    /// The query bits that change what an upstream puts in the answer: EDNS decides whether an
+    /// OPT record is in it, DO whether DNSSEC records are, CD whether validation failures are
+    /// hidden, RD whether the upstream recursed, and AD (without DO) whether it may say the
+    /// answer was validated. (Bits: 1 = EDNS, 2 = DO, 4 = CD, 8 = RD, 16 = AD without DO.)
     flags: u8,
 }
 
 impl Key {
     /// The key of a query's answer; `None` for a query whose answer must not come from or go to
-    /// the cache.
+    /// the cache, nor be shared with other askers: one for an EDNS version other than 0 (the
+    /// upstream answers it BADVERS or its own way), and one with options that may change the
+    /// answer (ECS scopes it to the asker's subnet; NSID and unknown options ask the upstream
+    /// something of its own).
     pub fn new(group: UpstreamGroup, query: &[u8], q: &wire::Query) -> Option<Key> {
+        if q.edns_version != 0 || q.answer_options {
+            return None;
+        }
         let name: Box<[u8]> = q.name(query).iter().map(u8::to_ascii_lowercase).collect();
+        let (rd, ad) = (query[2] & 0x01 != 0, query[3] & 0x20 != 0);
         let flags = u8::from(q.edns)
             | (u8::from(q.dnssec_ok) << 1)
-            | (u8::from(wire::checking_disabled(query)) << 2);
+            | (u8::from(wire::checking_disabled(query)) << 2)
+            | (u8::from(rd) << 3)
+            | (u8::from(ad && !q.dnssec_ok) << 4);
         Some(Key {
             group,
             name,
@@ -148,7 +159,20 @@ impl Cache {
         if age >= entry.fresh_for {
             return false;
         }
-        copy_with_ttls(entry, |ttl| ttl.saturating_sub(age.as_secs() as u32), out);
+        // A record alive upstream is never served with TTL 0 (that says "do not cache"), also
+        // when --cache-min-ttl keeps it past its own TTL; one that came with TTL 0 keeps it.
+        let age = age.as_secs().min(u64::from(u32::MAX)) as u32;
+        copy_with_ttls(
+            entry,
+            |ttl| {
+                if ttl == 0 {
+                    0
+                } else {
+                    ttl.saturating_sub(age).max(1)
+                }
+            },
+            out,
+        );
         true
     }
 
@@ -166,8 +190,11 @@ impl Cache {
         true
     }
 
-    /// Stores `reply` if it may be cached; returns whether it was.
+    /// Stores `reply` if it may be cached; returns whether it was. A COOKIE or ECS option in it
+    /// is left out of what is stored: those belong to the client that asked.
     pub fn put(&mut self, key: Key, reply: &[u8], now: Instant) -> bool {
+        let shared = without_private_options(reply);
+        let reply = shared.as_deref().unwrap_or(reply);
         let Some((fresh_for, ttl_offsets)) = cacheable(reply, &self.limits) else {
             return false;
         };
@@ -196,6 +223,21 @@ impl Cache {
     }
 }
 
+/// `reply` without the COOKIE and ECS options of its OPT record (and without any record after
+/// it), if it has such options.
+fn without_private_options(reply: &[u8]) -> Option<Vec<u8>> {
+    let layout = wire::layout(reply)?;
+    let opt = layout.opt?;
+    if !wire::has_private_options(reply, &opt) {
+        return None;
+    }
+    let mut out = reply[..opt.start].to_vec();
+    let dnssec_ok = reply[opt.rdata - 4] & 0x80 != 0;
+    wire::push_reply_opt(reply, &opt, dnssec_ok, false, &mut out);
+    out[10..12].copy_from_slice(&(layout.additional_before_opt + 1).to_be_bytes());
+    Some(out)
+}
+
 fn copy_with_ttls(entry: &Entry, ttl: impl Fn(u32) -> u32, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(&entry.reply);
@@ -206,10 +248,12 @@ fn copy_with_ttls(entry: &Entry, ttl: impl Fn(u32) -> u32, out: &mut Vec<u8>) {
     }
 }
 
-/// May `reply` be cached, and for how long? Positive answers live for their smallest TTL,
-/// negative ones (NXDOMAIN, NODATA) for the SOA's TTL capped by its MINIMUM field (RFC 2308 §5),
-/// both clamped to the limits. SERVFAIL, REFUSED and every other error, truncated replies,
-/// negative answers without an SOA and anything malformed are not cached.
+/// May `reply` be cached, and for how long? Positive answers live for their smallest answer
+/// TTL; negative ones (NXDOMAIN, NODATA) for the SOA's TTL capped by its MINIMUM field, and so
+/// does a NODATA or NXDOMAIN behind a CNAME (RFC 2308 §5: an SOA in the authority section
+/// bounds the whole answer, whatever TTL the CNAME has); both clamped to the limits. SERVFAIL,
+/// REFUSED and every other error, truncated replies, negative answers without an SOA and
+/// anything malformed are not cached.
 fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
     if reply.len() < wire::HEADER_LEN
         || wire::is_truncated(reply)
@@ -225,7 +269,6 @@ fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
     let mut offsets = Vec::with_capacity(records.len());
     let mut answer_ttl: Option<u32> = None;
     let mut negative_ttl: Option<u32> = None;
-    let mut answers = 0;
     for rr in &records {
         if rr.rtype == TYPE_OPT {
             continue;
@@ -233,20 +276,23 @@ fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
         offsets.push(rr.ttl_offset as u16);
         match rr.section {
             wire::Section::Answer => {
-                answers += 1;
                 answer_ttl = Some(answer_ttl.map_or(rr.ttl, |t| t.min(rr.ttl)));
             }
             wire::Section::Authority if rr.rtype == TYPE_SOA => {
                 let minimum = rr.soa_minimum.unwrap_or(rr.ttl);
-                negative_ttl = Some(rr.ttl.min(minimum));
+                let ttl = rr.ttl.min(minimum);
+                negative_ttl = Some(negative_ttl.map_or(ttl, |t| t.min(ttl)));
             }
             _ => {}
         }
     }
-    let ttl = if code == rcode::NOERROR && answers > 0 {
-        answer_ttl?
-    } else {
-        negative_ttl?
+    let negative = code == rcode::NXDOMAIN || answer_ttl.is_none();
+    let ttl = match (answer_ttl, negative_ttl) {
+        (_, None) if negative => return None,
+        (Some(a), Some(n)) => a.min(n),
+        (None, Some(n)) => n,
+        (Some(a), None) => a,
+        (None, None) => return None,
     };
     let fresh_for = Duration::from_secs(u64::from(ttl)).clamp(limits.min_ttl, limits.max_ttl);
     Some((fresh_for, offsets.into_boxed_slice()))
@@ -608,6 +654,144 @@ mod tests {
         let before = c.bytes();
         put(&mut c, "n99.example");
         assert_eq!(c.bytes(), before);
+    }
+
+    fn edns_query(qname: &str, options: &[(u16, &[u8])], version: u8) -> Vec<u8> {
+        let mut o = wire::tests::opt(1232, false, options);
+        o.version = version;
+        wire::tests::query_with(qname, A, [1, 0], Some(&o))
+    }
+
+    fn key_of(q: &[u8]) -> Option<Key> {
+        Key::new(UpstreamGroup::KubeDns, q, &wire::parse_query(q).unwrap())
+    }
+
+    #[test]
+    fn queries_whose_answers_are_their_own_are_never_keyed() {
+        use wire::option;
+        assert!(key_of(&edns_query("a.x", &[], 0)).is_some());
+        let cookie: &[u8] = &[1; 8];
+        assert_eq!(
+            key_of(&edns_query("a.x", &[(option::COOKIE, cookie)], 0)),
+            key_of(&edns_query("a.x", &[], 0)),
+            "a cookie does not change the answer"
+        );
+        assert!(key_of(&edns_query("a.x", &[(option::PADDING, &[0; 8])], 0)).is_some());
+        assert!(
+            key_of(&edns_query("a.x", &[], 1)).is_none(),
+            "EDNS version 1"
+        );
+        let ecs: &[u8] = &[0, 1, 24, 0, 192, 0, 2];
+        assert!(
+            key_of(&edns_query("a.x", &[(option::ECS, ecs)], 0)).is_none(),
+            "ECS"
+        );
+        assert!(key_of(&edns_query("a.x", &[(3, b"")], 0)).is_none(), "NSID");
+        assert!(
+            key_of(&edns_query("a.x", &[(65001, b"?")], 0)).is_none(),
+            "unknown"
+        );
+    }
+
+    #[test]
+    fn rd_and_ad_are_part_of_the_key() {
+        let with = |flags: [u8; 2], dnssec_ok: bool| {
+            let o = wire::tests::opt(1232, dnssec_ok, &[]);
+            key_of(&wire::tests::query_with("a.x", A, flags, Some(&o))).unwrap()
+        };
+        assert_ne!(with([1, 0], false), with([0, 0], false), "RD");
+        assert_ne!(with([1, 0], false), with([1, 0x20], false), "AD");
+        assert_eq!(
+            with([1, 0], true),
+            with([1, 0x20], true),
+            "with DO, AD in the query changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_record_alive_upstream_is_never_served_with_ttl_0() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let q = query(1, "ttl1.example", A, false);
+        let r = reply(
+            &q,
+            0,
+            &[
+                Rr {
+                    rtype: A,
+                    ttl: 1,
+                    rdata: &[1, 2, 3, 4],
+                },
+                Rr {
+                    rtype: A,
+                    ttl: 0,
+                    rdata: &[1, 2, 3, 5],
+                },
+            ],
+            &[],
+        );
+        assert!(c.put(key(&q), &r, t0));
+        let mut out = Vec::new();
+        for s in [0, 1, 4] {
+            assert!(c.get_fresh(&key(&q), t0 + Duration::from_secs(s), &mut out));
+            assert_eq!(ttls(&out), [1, 0], "at {s} s: raised to 1, a 0 stays 0");
+        }
+    }
+
+    #[test]
+    fn a_denial_behind_a_cname_lives_for_the_negative_ttl() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        let soa = soa(30);
+        for (qtype, code) in [(28, rcode::NOERROR), (A, rcode::NXDOMAIN)] {
+            let q = query(1, "alias.example", qtype, false);
+            let r = reply(
+                &q,
+                code,
+                &[Rr {
+                    rtype: 5,
+                    ttl: 3600,
+                    rdata: &name("target.example"),
+                }],
+                &[Rr {
+                    rtype: TYPE_SOA,
+                    ttl: 3600,
+                    rdata: &soa,
+                }],
+            );
+            assert!(c.put(key(&q), &r, t0));
+            assert!(c.get_fresh(&key(&q), t0 + Duration::from_secs(29), &mut out));
+            assert!(
+                !c.get_fresh(&key(&q), t0 + Duration::from_secs(30), &mut out),
+                "rcode {code}: the SOA bounds it, not the CNAME's 3600 s"
+            );
+        }
+    }
+
+    #[test]
+    fn cookies_and_ecs_are_not_stored() {
+        use wire::option;
+        let mut c = cache();
+        let t0 = Instant::now();
+        let q = edns_query("a.x", &[], 0);
+        let cookie: &[u8] = &[7; 24];
+        let ecs: &[u8] = &[0, 1, 24, 24, 192, 0, 2];
+        let upstream_opt = wire::tests::opt(
+            1232,
+            false,
+            &[(option::COOKIE, cookie), (option::ECS, ecs), (3, b"ns")],
+        );
+        let r = wire::tests::reply_with(&q, 0x80, &wire::tests::a_records(2), Some(&upstream_opt));
+        assert!(c.put(key_of(&q).unwrap(), &r, t0));
+        let mut out = Vec::new();
+        assert!(c.get_fresh(&key_of(&q).unwrap(), t0, &mut out));
+        let m = wire::tests::hickory(&out);
+        use hickory_proto::rr::rdata::opt::EdnsCode;
+        let edns = m.extensions().as_ref().unwrap();
+        assert!(edns.option(EdnsCode::Cookie).is_none() && edns.option(EdnsCode::Subnet).is_none());
+        assert!(edns.option(EdnsCode::NSID).is_some());
+        assert_eq!(m.answers().len(), 2);
     }
 
     #[test]

@@ -18,6 +18,21 @@ pub const OUR_EDNS_SIZE: u16 = 1232;
 /// Names are at most 255 octets on the wire, root label included (RFC 1035 §3.1).
 const MAX_NAME_LEN: usize = 255;
 const TYPE_OPT: u16 = 41;
+/// The most a query sent upstream advertises (the DNS flag day 2020 value): larger UDP replies
+/// may be fragmented, and fragments are lost or forged more easily than whole datagrams.
+pub const UPSTREAM_EDNS_SIZE: u16 = 1232;
+
+/// EDNS option codes the forwarder looks at.
+pub mod option {
+    /// EDNS Client Subnet (RFC 7871): the answer may be for the client's subnet only.
+    pub const ECS: u16 = 8;
+    /// DNS COOKIE (RFC 7873): a secret between one client and one server.
+    pub const COOKIE: u16 = 10;
+    /// edns-tcp-keepalive (RFC 7828): about the connection, not the answer.
+    pub const KEEPALIVE: u16 = 11;
+    /// Padding (RFC 7830): no meaning.
+    pub const PADDING: u16 = 12;
+}
 
 /// Response codes we emit or test for.
 pub mod rcode {
@@ -33,7 +48,10 @@ const QR: u8 = 0x80;
 const TC: u8 = 0x02;
 const RD: u8 = 0x01;
 const RA: u8 = 0x80;
+const AD: u8 = 0x20;
 const CD: u8 = 0x10;
+/// The DO bit in the OPT record's flags (the high byte of its TTL's low half).
+const DO: u8 = 0x80;
 
 pub fn id(p: &[u8]) -> u16 {
     u16::from_be_bytes([p[0], p[1]])
@@ -63,7 +81,7 @@ fn opcode(p: &[u8]) -> u8 {
     (p[2] >> 3) & 0x0f
 }
 
-fn counts(p: &[u8]) -> [u16; 4] {
+pub fn counts(p: &[u8]) -> [u16; 4] {
     [
         u16::from_be_bytes([p[4], p[5]]),
         u16::from_be_bytes([p[6], p[7]]),
@@ -88,6 +106,18 @@ pub struct Query {
     pub udp_size: u16,
     /// The DO bit of the client's OPT record (it wants DNSSEC records).
     pub dnssec_ok: bool,
+    /// Where the client's OPT record lies in the query (`opt_start..opt_end`; both 0 without).
+    pub opt_start: usize,
+    pub opt_end: usize,
+    /// The EDNS version the client asked for (0 without EDNS).
+    pub edns_version: u8,
+    /// The OPT record carries a COOKIE option (RFC 7873).
+    pub cookie: bool,
+    /// The OPT record carries ECS (RFC 7871).
+    pub ecs: bool,
+    /// The OPT record carries an option other than COOKIE, padding and keepalive, or options
+    /// that do not parse: something that may change the answer (ECS, NSID, unknown ones).
+    pub answer_options: bool,
 }
 
 impl Query {
@@ -139,6 +169,12 @@ pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
         edns: false,
         udp_size: CLASSIC_UDP_SIZE,
         dnssec_ok: false,
+        opt_start: 0,
+        opt_end: 0,
+        edns_version: 0,
+        cookie: false,
+        ecs: false,
+        answer_options: false,
     };
     // Queries rarely carry answer or authority records, but they may (e.g. known-answer hints);
     // walk them so the OPT record in the additional section is found where it really is.
@@ -153,6 +189,26 @@ pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
             query.edns = true;
             query.udp_size = rr.class.max(CLASSIC_UDP_SIZE);
             query.dnssec_ok = rr.ttl & 0x8000 != 0;
+            query.edns_version = (rr.ttl >> 16) as u8;
+            query.opt_start = at;
+            query.opt_end = rr.end;
+            // Options that do not parse are the upstream's to judge; they only keep the
+            // query out of the cache.
+            let parsed = for_each_option(&p[rr.rdata..rr.end], |code, _| {
+                match code {
+                    option::COOKIE => query.cookie = true,
+                    option::PADDING | option::KEEPALIVE => {}
+                    option::ECS => {
+                        query.ecs = true;
+                        query.answer_options = true;
+                    }
+                    _ => query.answer_options = true,
+                }
+                true
+            });
+            if parsed.is_none() {
+                query.answer_options = true;
+            }
         }
         at = rr.end;
     }
@@ -164,21 +220,38 @@ struct ResourceRecord {
     class: u16,
     ttl: u32,
     ttl_offset: usize,
+    /// Where the RDATA starts; it ends at `end`.
+    rdata: usize,
     end: usize,
+}
+
+/// Calls `f(code, data)` for each option of an OPT record's RDATA until it returns false.
+/// `None` if the options do not parse (a length running past the end).
+fn for_each_option(mut rdata: &[u8], mut f: impl FnMut(u16, &[u8]) -> bool) -> Option<()> {
+    while !rdata.is_empty() {
+        let code = u16_at(rdata, 0)?;
+        let len = usize::from(u16_at(rdata, 2)?);
+        let data = rdata.get(4..4 + len)?;
+        if !f(code, data) {
+            return Some(());
+        }
+        rdata = &rdata[4 + len..];
+    }
+    Some(())
 }
 
 fn resource_record(p: &[u8], at: usize) -> Option<ResourceRecord> {
     let fixed = skip_name(p, at)?;
-    let rtype = u16_at(p, fixed)?;
-    let class = u16_at(p, fixed + 2)?;
-    let ttl = u32::from(u16_at(p, fixed + 4)?) << 16 | u32::from(u16_at(p, fixed + 6)?);
-    let rdlen = u16_at(p, fixed + 8)? as usize;
+    // One bounds check for the fixed part: this runs for every record of every answer.
+    let f: &[u8; 10] = p.get(fixed..fixed + 10)?.try_into().ok()?;
+    let rdlen = usize::from(u16::from_be_bytes([f[8], f[9]]));
     let end = fixed + 10 + rdlen;
     (end <= p.len()).then_some(ResourceRecord {
-        rtype,
-        class,
-        ttl,
+        rtype: u16::from_be_bytes([f[0], f[1]]),
+        class: u16::from_be_bytes([f[2], f[3]]),
+        ttl: u32::from_be_bytes([f[4], f[5], f[6], f[7]]),
         ttl_offset: fixed + 4,
+        rdata: fixed + 10,
         end,
     })
 }
@@ -311,28 +384,39 @@ pub fn reply_matches(reply: &[u8], sent_id: u16, question: &[u8]) -> bool {
 /// Gives an accepted reply back the client's ID and the client's spelling of the question.
 pub fn restore_for_client(reply: &mut [u8], client_id: u16, client_question: &[u8]) {
     set_id(reply, client_id);
-    if counts(reply)[0] == 1 {
+    if counts(reply)[0] == 1 && reply.len() >= HEADER_LEN + client_question.len() {
         reply[HEADER_LEN..HEADER_LEN + client_question.len()].copy_from_slice(client_question);
     }
 }
 
-/// Appends an empty OPT record advertising our UDP size (RFC 6891: answer EDNS with EDNS).
-fn push_opt(out: &mut Vec<u8>) {
+/// Appends an OPT record of our own, without options: our UDP size, the asker's DO bit (RFC
+/// 3225: copied into every reply), and BADVERS for an asker that wanted an EDNS version we do
+/// not speak (RFC 6891 §6.1.3).
+fn push_opt(out: &mut Vec<u8>, q: &Query) {
     out.push(0); // root owner name
     out.extend_from_slice(&TYPE_OPT.to_be_bytes());
     out.extend_from_slice(&OUR_EDNS_SIZE.to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0, 0, 0]); // extended rcode, version, flags, rdlength
+    let badvers = u8::from(q.edns_version != 0);
+    let flags = if q.dnssec_ok { DO } else { 0 };
+    out.extend_from_slice(&[badvers, 0, flags, 0, 0, 0]); // extended rcode, version, flags, rdlength
 }
 
-/// Builds a reply of our own to a parsed query: its question, no records, the given RCODE.
+/// Builds a reply of our own to a parsed query: its question, no records, the given RCODE, RD
+/// and CD as asked, and an OPT record if it sent one (with its DO bit). To a query for an EDNS
+/// version other than 0 it is BADVERS instead.
 pub fn local_reply(query: &[u8], q: &Query, rcode: u8, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(&query[..q.question_end]);
     out[2] = QR | (query[2] & (0x78 | RD)); // keep opcode and RD, clear AA/TC
+    let rcode = if q.edns && q.edns_version != 0 {
+        0
+    } else {
+        rcode
+    };
     out[3] = RA | (query[3] & CD) | rcode;
     out[4..12].copy_from_slice(&[0, 1, 0, 0, 0, 0, 0, u8::from(q.edns)]);
     if q.edns {
-        push_opt(out);
+        push_opt(out, q);
     }
 }
 
@@ -345,32 +429,248 @@ pub fn header_only_reply(query: &[u8], rcode: u8, out: &mut Vec<u8>) {
     out[4..12].fill(0);
 }
 
-/// Cuts a reply that is too big for the client down to header and question with TC set, so the
-/// client retries over TCP (RFC 1035 §4.2.1, RFC 7766). The question is taken from the reply,
-/// which the caller has already restored for the client.
-pub fn truncate_reply(reply: &[u8], question_len: usize, client_edns: bool, out: &mut Vec<u8>) {
-    out.clear();
-    let has_question = counts(reply)[0] == 1;
-    let end = if has_question {
-        HEADER_LEN + question_len
-    } else {
-        HEADER_LEN
-    };
-    out.extend_from_slice(&reply[..end]);
-    out[2] |= TC;
-    out[4..12].copy_from_slice(&[
-        0,
-        u8::from(has_question),
-        0,
-        0,
-        0,
-        0,
-        0,
-        u8::from(client_edns),
-    ]);
-    if client_edns {
-        push_opt(out);
+/// The OPT record of a reply: where it lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptRecord {
+    pub start: usize,
+    /// Start of its RDATA (the options); it ends at `end`.
+    pub rdata: usize,
+    pub end: usize,
+}
+
+/// Where the parts of a reply lie: what each asker's answer is cut from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// End of the question section (the header's end when there is none).
+    pub question_end: usize,
+    pub counts: [u16; 4],
+    /// The first OPT record of the additional section.
+    pub opt: Option<OptRecord>,
+    /// Additional records before that OPT record (all of them without one).
+    pub additional_before_opt: u16,
+    /// End of the last record.
+    pub records_end: usize,
+}
+
+/// Walks a reply's sections; `None` if any part is malformed or cut short.
+pub fn layout(p: &[u8]) -> Option<Layout> {
+    if p.len() < HEADER_LEN {
+        return None;
     }
+    let counts = counts(p);
+    let [qd, an, ns, ar] = counts.map(usize::from);
+    let mut at = HEADER_LEN;
+    for _ in 0..qd {
+        at = skip_name(p, at)? + 4;
+    }
+    if at > p.len() {
+        return None;
+    }
+    let question_end = at;
+    let mut opt = None;
+    let mut additional_before_opt = 0;
+    for index in 0..an + ns + ar {
+        let rr = resource_record(p, at)?;
+        if index >= an + ns && opt.is_none() {
+            if rr.rtype == TYPE_OPT {
+                opt = Some(OptRecord {
+                    start: at,
+                    rdata: rr.rdata,
+                    end: rr.end,
+                });
+            } else {
+                additional_before_opt += 1;
+            }
+        }
+        at = rr.end;
+    }
+    Some(Layout {
+        question_end,
+        counts,
+        opt,
+        additional_before_opt,
+        records_end: at,
+    })
+}
+
+/// Sets the header bits that are the asker's own in a reply made for it (RFC 1035 §4.1.1,
+/// RFC 6840 §5.7-5.8): RD and CD as it asked, AD only if the upstream set it and the asker
+/// showed it understands AD (AD or DO set in its query).
+pub fn set_asker_flags(reply: &mut [u8], query: &[u8], q: &Query) {
+    reply[2] = (reply[2] & !RD) | (query[2] & RD);
+    let ad = reply[3] & AD != 0 && (query[3] & AD != 0 || q.dnssec_ok);
+    reply[3] = (reply[3] & !(AD | CD)) | (query[3] & CD) | if ad { AD } else { 0 };
+}
+
+/// Appends the reply's OPT record as the asker is to see it: the upstream's UDP size, extended
+/// RCODE, version and flags, but the asker's DO bit; its options without COOKIE (a secret
+/// between one client and one server: never an upstream's to pass on) and without ECS unless
+/// `keep_ecs` (an ECS answer is for the subnet of the client that asked).
+pub fn push_reply_opt(
+    p: &[u8],
+    opt: &OptRecord,
+    dnssec_ok: bool,
+    keep_ecs: bool,
+    out: &mut Vec<u8>,
+) {
+    let fixed = opt.rdata - 10;
+    out.push(0);
+    out.extend_from_slice(&p[fixed..fixed + 6]); // type, UDP size, extended RCODE, version
+    out.push((p[fixed + 6] & !DO) | if dnssec_ok { DO } else { 0 });
+    out.push(p[fixed + 7]);
+    let len_at = out.len();
+    out.extend_from_slice(&[0, 0]);
+    // Options that do not parse end the list: what came before them is kept.
+    let _ = for_each_option(&p[opt.rdata..opt.end], |code, data| {
+        if code != option::COOKIE && (code != option::ECS || keep_ecs) {
+            out.extend_from_slice(&code.to_be_bytes());
+            out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+            out.extend_from_slice(data);
+        }
+        true
+    });
+    let len = (out.len() - len_at - 2) as u16;
+    out[len_at..len_at + 2].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Does the reply's OPT record carry a COOKIE or ECS option (that no other asker may see)?
+pub fn has_private_options(p: &[u8], opt: &OptRecord) -> bool {
+    let mut found = false;
+    let _ = for_each_option(&p[opt.rdata..opt.end], |code, _| {
+        found = code == option::COOKIE || code == option::ECS;
+        !found
+    });
+    found
+}
+
+/// Cuts `reply` (an answer already made for its asker, OPT last if any) down to `limit` bytes at
+/// record boundaries, as CoreDNS does (miekg/dns `Truncate`): whole records are kept in order
+/// (answer, then authority, then additional) while they fit, the OPT record is kept, and TC is
+/// set when an answer or authority record had to go (RFC 2181 §9: leaving out additional
+/// records alone is no reason for TC). A client that never retries over TCP (musl before
+/// 1.2.4) still gets every record that fits.
+pub fn truncate(reply: &mut Vec<u8>, limit: usize) {
+    if reply.len() <= limit || reply.len() < HEADER_LEN {
+        return;
+    }
+    let [qd, an, ns, ar] = counts(reply);
+    let mut question_end = HEADER_LEN;
+    for _ in 0..qd {
+        match skip_name(reply, question_end) {
+            Some(end) if end + 4 <= reply.len() => question_end = end + 4,
+            _ => {
+                question_end = HEADER_LEN;
+                reply[4..6].fill(0);
+                break;
+            }
+        }
+    }
+    // Find the trailing OPT record; a walk that fails keeps no record.
+    let total = usize::from(an) + usize::from(ns) + usize::from(ar);
+    let mut at = question_end;
+    let mut opt_start = None;
+    for walked in 0..total {
+        let Some(rr) = resource_record(reply, at) else {
+            cut_records(reply, limit, question_end, None, false);
+            return;
+        };
+        if walked + 1 == total && rr.rtype == TYPE_OPT && ar > 0 {
+            opt_start = Some(at);
+        }
+        at = rr.end;
+    }
+    cut_records(reply, limit, question_end, opt_start, true);
+}
+
+/// [`truncate`] for a caller that knows where the question ends and whether the last record
+/// (ending the message) is an OPT record: `walkable` says the records parse.
+pub fn cut_records(
+    reply: &mut Vec<u8>,
+    limit: usize,
+    question_end: usize,
+    opt_start: Option<usize>,
+    walkable: bool,
+) {
+    if reply.len() <= limit {
+        return;
+    }
+    let [_, an, ns, ar] = counts(reply);
+    let (opt_start, mut opt_len) = match opt_start {
+        Some(start) if walkable => (start, reply.len() - start),
+        _ => (0, 0),
+    };
+    // An OPT whose options alone would not fit keeps its fixed part only.
+    if opt_len > 0 && question_end + opt_len > limit {
+        reply[opt_start + 9..opt_start + 11].fill(0);
+        opt_len = 11;
+    }
+    let budget = limit.saturating_sub(opt_len);
+    let total = usize::from(an) + usize::from(ns) + usize::from(ar);
+    let records = if walkable {
+        total - usize::from(opt_len > 0)
+    } else {
+        0
+    };
+    let (mut cut, mut kept) = (question_end, 0usize);
+    while kept < records {
+        let Some(rr) = resource_record(reply, cut) else {
+            break;
+        };
+        if rr.end > budget {
+            break;
+        }
+        cut = rr.end;
+        kept += 1;
+    }
+    if opt_len > 0 {
+        reply.copy_within(opt_start..opt_start + opt_len, cut);
+    }
+    reply.truncate(cut + opt_len);
+    let kept_an = kept.min(usize::from(an));
+    let kept_ns = (kept - kept_an).min(usize::from(ns));
+    let kept_ar = kept - kept_an - kept_ns + usize::from(opt_len > 0);
+    if kept_an < usize::from(an) || kept_ns < usize::from(ns) {
+        reply[2] |= TC;
+    }
+    reply[6..8].copy_from_slice(&(kept_an as u16).to_be_bytes());
+    reply[8..10].copy_from_slice(&(kept_ns as u16).to_be_bytes());
+    reply[10..12].copy_from_slice(&(kept_ar as u16).to_be_bytes());
+}
+
+/// Writes into `out` the query to send upstream: the client's, with the try's ID; with EDNS, its
+/// OPT record advertising [`UPSTREAM_EDNS_SIZE`] (the upstream leg never needs IP fragments,
+/// and one answer of up to that size serves every asker of the name) and without a COOKIE
+/// option (the client's cookie is for us, its server, and a coalesced query speaks for many
+/// clients). Queries without EDNS go as they came: the upstream decides how to fit 512 bytes.
+pub fn upstream_query(query: &[u8], q: &Query, id: u16, out: &mut Vec<u8>) {
+    out.clear();
+    let fixed = if q.edns {
+        skip_name(query, q.opt_start)
+    } else {
+        None
+    };
+    match fixed {
+        Some(fixed) if q.cookie => {
+            let rdata = fixed + 10;
+            out.extend_from_slice(&query[..rdata]);
+            let _ = for_each_option(&query[rdata..q.opt_end], |code, data| {
+                if code != option::COOKIE {
+                    out.extend_from_slice(&code.to_be_bytes());
+                    out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+                    out.extend_from_slice(data);
+                }
+                true
+            });
+            let len = (out.len() - rdata) as u16;
+            out[rdata - 2..rdata].copy_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(&query[q.opt_end..]);
+        }
+        _ => out.extend_from_slice(query),
+    }
+    if let Some(fixed) = fixed {
+        out[fixed + 2..fixed + 4].copy_from_slice(&UPSTREAM_EDNS_SIZE.to_be_bytes());
+    }
+    set_id(out, id);
 }
 
 /// Encodes a dotted name as lower-case wire labels, e.g. `cluster.local` → `\x07cluster\x05local\x00`.
@@ -432,7 +732,7 @@ pub fn labels_below(name: &[u8], zone: &[u8]) -> Option<usize> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A query for `name`/`qtype` as a stub resolver sends it, optionally with an OPT record.
@@ -601,16 +901,377 @@ mod tests {
         );
     }
 
+    /// What a test reply is made of: records after the question, section by section.
+    pub(crate) struct Rr {
+        pub section: Section,
+        pub rtype: u16,
+        pub ttl: u32,
+        pub rdata: Vec<u8>,
+    }
+
+    pub(crate) fn rr(section: Section, rtype: u16, ttl: u32, rdata: &[u8]) -> Rr {
+        Rr {
+            section,
+            rtype,
+            ttl,
+            rdata: rdata.to_vec(),
+        }
+    }
+
+    /// `count` A records in the answer section, 10.0.i.j.
+    pub(crate) fn a_records(count: usize) -> Vec<Rr> {
+        (0..count)
+            .map(|i| rr(Section::Answer, 1, 60, &[10, 0, (i >> 8) as u8, i as u8]))
+            .collect()
+    }
+
+    /// An OPT record's parts: UDP size, extended RCODE, version, DO, options (code, data).
+    pub(crate) struct Opt {
+        pub size: u16,
+        pub ext_rcode: u8,
+        pub version: u8,
+        pub dnssec_ok: bool,
+        pub options: Vec<(u16, Vec<u8>)>,
+    }
+
+    pub(crate) fn opt(size: u16, dnssec_ok: bool, options: &[(u16, &[u8])]) -> Opt {
+        Opt {
+            size,
+            ext_rcode: 0,
+            version: 0,
+            dnssec_ok,
+            options: options.iter().map(|(c, d)| (*c, d.to_vec())).collect(),
+        }
+    }
+
+    pub(crate) fn push_test_opt(m: &mut Vec<u8>, o: &Opt) {
+        m.extend_from_slice(&[0, 0, 41]);
+        m.extend_from_slice(&o.size.to_be_bytes());
+        m.extend_from_slice(&[
+            o.ext_rcode,
+            o.version,
+            if o.dnssec_ok { 0x80 } else { 0 },
+            0,
+        ]);
+        let len: usize = o.options.iter().map(|(_, d)| 4 + d.len()).sum();
+        m.extend_from_slice(&(len as u16).to_be_bytes());
+        for (code, data) in &o.options {
+            m.extend_from_slice(&code.to_be_bytes());
+            m.extend_from_slice(&(data.len() as u16).to_be_bytes());
+            m.extend_from_slice(data);
+        }
+    }
+
+    /// A query with the given header flag bytes and OPT record.
+    pub(crate) fn query_with(name: &str, qtype: u16, flags: [u8; 2], o: Option<&Opt>) -> Vec<u8> {
+        let mut p = query(0x4242, name, qtype, None);
+        p[2..4].copy_from_slice(&flags);
+        if let Some(o) = o {
+            p[11] = 1;
+            push_test_opt(&mut p, o);
+        }
+        p
+    }
+
+    /// An upstream's reply to `query`: its header and question, QR and RA set, then `records`
+    /// (owner names compressed to the question) and `o` last.
+    pub(crate) fn reply_with(query: &[u8], flags3: u8, records: &[Rr], o: Option<&Opt>) -> Vec<u8> {
+        let q = parse_query(query).unwrap();
+        let mut m = query[..q.question_end].to_vec();
+        m[2] |= QR;
+        m[3] = flags3;
+        let count = |s| records.iter().filter(|r| r.section == s).count() as u16;
+        let additional = count(Section::Additional) + u16::from(o.is_some());
+        m[6..8].copy_from_slice(&count(Section::Answer).to_be_bytes());
+        m[8..10].copy_from_slice(&count(Section::Authority).to_be_bytes());
+        m[10..12].copy_from_slice(&additional.to_be_bytes());
+        for section in [Section::Answer, Section::Authority, Section::Additional] {
+            for r in records.iter().filter(|r| r.section == section) {
+                m.extend_from_slice(&[0xc0, 12]);
+                m.extend_from_slice(&r.rtype.to_be_bytes());
+                m.extend_from_slice(&[0, 1]);
+                m.extend_from_slice(&r.ttl.to_be_bytes());
+                m.extend_from_slice(&(r.rdata.len() as u16).to_be_bytes());
+                m.extend_from_slice(&r.rdata);
+            }
+        }
+        if let Some(o) = o {
+            push_test_opt(&mut m, o);
+        }
+        m
+    }
+
+    /// The reply read back by hickory-proto, which must accept it.
+    pub(crate) fn hickory(p: &[u8]) -> hickory_proto::op::Message {
+        hickory_proto::op::Message::from_vec(p)
+            .unwrap_or_else(|e| panic!("hickory cannot read {p:02x?}: {e}"))
+    }
+
     #[test]
-    fn truncation_keeps_the_question_and_sets_tc() {
-        let p = query(5, "big.example", 16, None);
-        let mut reply = reply_to(&p, 3);
-        reply.extend_from_slice(&[0u8; 2000]);
+    fn truncation_keeps_as_many_whole_records_as_fit_and_the_opt() {
+        let q = query_with("big.example", 1, [1, 0], Some(&opt(512, true, &[])));
+        let mut r = reply_with(
+            &q,
+            0x80,
+            &a_records(40),
+            Some(&opt(1232, true, &[(3, b"ns1")])),
+        );
+        assert!(r.len() > 512);
+        truncate(&mut r, 512);
+        assert!(r.len() <= 512);
+        let m = hickory(&r);
+        assert!(m.truncated());
+        // 12 header + 17 question + 18 OPT leaves 465 bytes: 29 records of 16.
+        assert_eq!(m.answers().len(), 29);
+        for (i, a) in m.answers().iter().enumerate() {
+            assert_eq!(a.data().to_string(), format!("10.0.0.{i}"), "in order");
+        }
+        let edns = m.extensions().as_ref().expect("OPT kept");
+        assert!(edns.flags().dnssec_ok);
+        assert_eq!(edns.max_payload(), 1232);
+        assert!(
+            edns.option(hickory_proto::rr::rdata::opt::EdnsCode::NSID)
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn truncation_drops_additional_then_authority_then_trailing_answers() {
+        let q = query_with("x.example", 1, [1, 0], None);
+        let big = [7u8; 100];
+        let mut records = vec![
+            rr(Section::Answer, 65280, 60, &big),
+            rr(Section::Answer, 65280, 60, &big),
+        ];
+        records.push(rr(Section::Authority, 65280, 60, &big));
+        records.push(rr(Section::Authority, 65280, 60, &big));
+        records.push(rr(Section::Additional, 65280, 60, &big));
+        records.push(rr(Section::Additional, 65280, 60, &big));
+        let full = reply_with(&q, 0x80, &records, None);
+        let qend = parse_query(&q).unwrap().question_end;
+        let cut_at = |n: usize| qend + n * 112;
+        // Room for answers and authority: additional records go, without TC (RFC 2181 §9).
+        let mut r = full.clone();
+        truncate(&mut r, cut_at(4) + 50);
+        assert_eq!((counts(&r), is_truncated(&r)), ([1, 2, 2, 0], false));
+        assert_eq!(r.len(), cut_at(4));
+        // Room for three records: the second authority record goes too, with TC.
+        let mut r = full.clone();
+        truncate(&mut r, cut_at(3));
+        assert_eq!((counts(&r), is_truncated(&r)), ([1, 2, 1, 0], true));
+        // Room for one: a trailing answer record goes.
+        let mut r = full.clone();
+        truncate(&mut r, cut_at(1) + 111);
+        assert_eq!((counts(&r), is_truncated(&r)), ([1, 1, 0, 0], true));
+        hickory(&r);
+    }
+
+    #[test]
+    fn truncation_without_room_for_one_record_keeps_header_question_and_opt() {
+        let q = query_with("big.example", 16, [1, 0], Some(&opt(1232, false, &[])));
+        let mut r = reply_with(
+            &q,
+            0x80,
+            &[rr(Section::Answer, 16, 60, &[b'x'; 2000])],
+            Some(&opt(1232, false, &[])),
+        );
+        truncate(&mut r, 1232);
+        let qend = parse_query(&q).unwrap().question_end;
+        assert_eq!(r.len(), qend + 11);
+        assert_eq!(counts(&r), [1, 0, 0, 1]);
+        assert!(is_truncated(&r));
+        assert_eq!(&r[12..qend], &q[12..qend]);
+        // A reply that fits is left alone.
+        let mut small = reply_with(&q, 0x80, &a_records(2), None);
+        let before = small.clone();
+        truncate(&mut small, 512);
+        assert_eq!(small, before);
+    }
+
+    #[test]
+    fn parses_the_edns_parts_that_decide_sharing() {
+        let plain =
+            parse_query(&query_with("a.b", 1, [1, 0], Some(&opt(1232, true, &[])))).unwrap();
+        assert_eq!(
+            (
+                plain.edns_version,
+                plain.cookie,
+                plain.ecs,
+                plain.answer_options
+            ),
+            (0, false, false, false)
+        );
+        assert!(plain.dnssec_ok);
+        let cookie: &[u8] = &[1, 2, 3, 4, 5, 6, 7, 8];
+        let c = parse_query(&query_with(
+            "a.b",
+            1,
+            [1, 0],
+            Some(&opt(
+                1232,
+                false,
+                &[(option::COOKIE, cookie), (option::PADDING, &[0; 20])],
+            )),
+        ))
+        .unwrap();
+        assert!(c.cookie && !c.answer_options && !c.ecs);
+        let ecs: &[u8] = &[0, 1, 24, 0, 192, 0, 2];
+        let e = parse_query(&query_with(
+            "a.b",
+            1,
+            [1, 0],
+            Some(&opt(1232, false, &[(option::ECS, ecs)])),
+        ))
+        .unwrap();
+        assert!(e.ecs && e.answer_options);
+        let u = parse_query(&query_with(
+            "a.b",
+            1,
+            [1, 0],
+            Some(&opt(1232, false, &[(65001, b"x")])),
+        ))
+        .unwrap();
+        assert!(u.answer_options && !u.ecs);
+        let mut v1 = opt(1232, false, &[]);
+        v1.version = 1;
+        assert_eq!(
+            parse_query(&query_with("a.b", 1, [1, 0], Some(&v1)))
+                .unwrap()
+                .edns_version,
+            1
+        );
+        // Options that run past their record: forwarded, but never shared.
+        let mut bad = query_with("a.b", 1, [1, 0], Some(&opt(1232, false, &[(65001, b"xy")])));
+        let n = bad.len();
+        bad[n - 3] = 9;
+        assert!(parse_query(&bad).unwrap().answer_options);
+    }
+
+    #[test]
+    fn the_upstream_query_advertises_1232_and_carries_no_cookie() {
+        for size in [512, 1232, 4096] {
+            let o = opt(
+                size,
+                true,
+                &[(option::COOKIE, &[1, 2, 3, 4, 5, 6, 7, 8]), (3, b"")],
+            );
+            let client = query_with("WwW.example", 1, [1, 0x20], Some(&o));
+            let q = parse_query(&client).unwrap();
+            let mut out = Vec::new();
+            upstream_query(&client, &q, 0x7777, &mut out);
+            let sent = parse_query(&out).unwrap();
+            assert_eq!(id(&out), 0x7777);
+            assert_eq!(sent.udp_size, UPSTREAM_EDNS_SIZE, "client size {size}");
+            assert!(!sent.cookie, "the client's cookie stays with us");
+            assert!(sent.answer_options, "other options go on");
+            assert!(sent.dnssec_ok);
+            assert_eq!(
+                &out[2..sent.question_end],
+                &client[2..q.question_end],
+                "flags and spelling as asked"
+            );
+            let m = hickory(&out);
+            assert!(
+                m.extensions()
+                    .as_ref()
+                    .unwrap()
+                    .option(hickory_proto::rr::rdata::opt::EdnsCode::Cookie)
+                    .is_none()
+            );
+        }
+        // Without EDNS the query goes as it came.
+        let client = query(1, "a.b", 1, None);
         let mut out = Vec::new();
-        truncate_reply(&reply, p.len() - 12, false, &mut out);
-        assert_eq!(&out[12..], &p[12..]);
-        assert!(is_truncated(&out) && is_response(&out));
-        assert_eq!(&out[4..12], &[0, 1, 0, 0, 0, 0, 0, 0]);
+        upstream_query(&client, &parse_query(&client).unwrap(), 9, &mut out);
+        assert_eq!((&out[2..], id(&out)), (&client[2..], 9));
+    }
+
+    #[test]
+    fn header_bits_are_the_askers() {
+        let reply_flags = |rd: bool, ad: bool| {
+            let q = query_with("a.b", 1, [u8::from(rd), 0], None);
+            reply_with(&q, 0x80 | if ad { AD } else { 0 }, &[], None)
+        };
+        for (q_rd, q_ad, q_cd, q_do, r_ad, want_ad) in [
+            (true, false, false, false, true, false), // never asked about AD
+            (true, true, false, false, true, true),   // AD in the query
+            (false, false, false, true, true, true),  // DO in the query
+            (true, true, true, false, false, false),  // the upstream did not vouch
+        ] {
+            let flags = [
+                u8::from(q_rd),
+                if q_ad { AD } else { 0 } | if q_cd { CD } else { 0 },
+            ];
+            let o = opt(1232, q_do, &[]);
+            let query = query_with("a.b", 1, flags, q_do.then_some(&o));
+            let q = parse_query(&query).unwrap();
+            let mut r = reply_flags(!q_rd, r_ad);
+            set_asker_flags(&mut r, &query, &q);
+            assert_eq!(r[2] & RD != 0, q_rd, "RD as asked");
+            assert_eq!(r[3] & CD != 0, q_cd, "CD as asked");
+            assert_eq!(r[3] & AD != 0, want_ad, "AD for {flags:?} DO {q_do}");
+            assert!(
+                r[3] & RA != 0 && r[2] & QR != 0,
+                "the rest is the upstream's"
+            );
+        }
+    }
+
+    #[test]
+    fn the_askers_opt_has_its_do_bit_and_no_cookie_or_foreign_ecs() {
+        let cookie: &[u8] = &[1; 24];
+        let ecs: &[u8] = &[0, 1, 24, 24, 192, 0, 2];
+        let mut o = opt(
+            1232,
+            false,
+            &[(option::COOKIE, cookie), (option::ECS, ecs), (3, b"ns1")],
+        );
+        o.ext_rcode = 1;
+        let q = query_with("a.b", 1, [1, 0], None);
+        let r = reply_with(&q, 0x80, &[], Some(&o));
+        let l = layout(&r).unwrap();
+        let opt_rr = l.opt.unwrap();
+        assert!(has_private_options(&r, &opt_rr));
+        for (dnssec_ok, keep_ecs) in [(true, false), (false, true)] {
+            let mut out = r[..opt_rr.start].to_vec();
+            push_reply_opt(&r, &opt_rr, dnssec_ok, keep_ecs, &mut out);
+            let m = hickory(&out);
+            let edns = m.extensions().as_ref().unwrap();
+            use hickory_proto::rr::rdata::opt::EdnsCode;
+            assert_eq!(edns.flags().dnssec_ok, dnssec_ok);
+            assert!(edns.option(EdnsCode::Cookie).is_none());
+            assert_eq!(edns.option(EdnsCode::Subnet).is_some(), keep_ecs);
+            assert!(edns.option(EdnsCode::NSID).is_some());
+            assert_eq!(edns.rcode_high(), 1, "extended RCODE kept");
+        }
+    }
+
+    #[test]
+    fn local_replies_copy_do_and_answer_other_edns_versions_badvers() {
+        for dnssec_ok in [false, true] {
+            let p = query_with(
+                "health-check.localdns.local",
+                1,
+                [1, 0],
+                Some(&opt(1232, dnssec_ok, &[])),
+            );
+            let q = parse_query(&p).unwrap();
+            let mut out = Vec::new();
+            local_reply(&p, &q, rcode::SERVFAIL, &mut out);
+            let m = hickory(&out);
+            assert_eq!(
+                m.extensions().as_ref().unwrap().flags().dnssec_ok,
+                dnssec_ok
+            );
+            assert_eq!(rcode(&out), rcode::SERVFAIL);
+        }
+        let mut v1 = opt(1232, false, &[]);
+        v1.version = 1;
+        let p = query_with("a.b", 1, [1, 0], Some(&v1));
+        let mut out = Vec::new();
+        local_reply(&p, &parse_query(&p).unwrap(), rcode::NXDOMAIN, &mut out);
+        // hickory names code 16 BADSIG (it is BADVERS in an OPT record, RFC 6891 §9).
+        assert_eq!(u16::from(hickory(&out).response_code()), 16);
     }
 
     #[test]

@@ -133,7 +133,9 @@ fn check_local_reply(packet: &[u8], q: &wire::Query, code: u8, out: &[u8]) {
     let h = header(out).expect("a local reply has a header");
     assert_eq!(h.id, q.id);
     assert!(wire::is_response(out) && !wire::is_truncated(out));
-    assert_eq!(wire::rcode(out), code);
+    // An EDNS version we do not speak is answered BADVERS (extended RCODE 1, low bits 0).
+    let badvers = q.edns && q.edns_version != 0;
+    assert_eq!(wire::rcode(out), if badvers { 0 } else { code });
     assert_eq!((h.qd, h.an, h.ns), (1, 0, 0));
     assert_eq!(h.ar, u16::from(q.edns));
     assert_eq!(&out[wire::HEADER_LEN..q.question_end], q.question(packet));
@@ -149,6 +151,14 @@ fn check_local_reply(packet: &[u8], q: &wire::Query, code: u8, out: &[u8]) {
     assert_eq!(msg.message_type(), MessageType::Response);
     assert_eq!(msg.queries().len(), 1);
     assert_eq!(msg.extensions().is_some(), q.edns);
+    if let Some(edns) = msg.extensions() {
+        assert_eq!(
+            edns.flags().dnssec_ok,
+            q.dnssec_ok,
+            "the asker's DO (RFC 3225)"
+        );
+        assert_eq!(edns.rcode_high(), u8::from(badvers));
+    }
 }
 
 /// Does the question name of `packet` (starting at the header's end) use a compression pointer?
@@ -511,7 +521,7 @@ pub fn upstream_reply(
         assert!(theirs.eq_ignore_ascii_case(question));
     }
     let mut restored = reply.to_vec();
-    let client_id = sent_id ^ 0x5555;
+    let client_id = client_id_of(sent_id);
     wire::restore_for_client(&mut restored, client_id, client);
     assert_eq!(restored.len(), reply.len(), "restoring keeps the length");
     assert_eq!(wire::id(&restored), client_id);
@@ -531,24 +541,71 @@ pub fn upstream_reply(
         "only ID and question change"
     );
 
-    let mut cut = Vec::new();
-    wire::truncate_reply(&restored, client.len(), client_edns, &mut cut);
-    assert!(wire::is_truncated(&cut) && wire::is_response(&cut));
-    assert_eq!(wire::id(&cut), client_id);
-    assert_eq!(wire::rcode(&cut), wire::rcode(reply));
-    assert!(
-        cut.len() <= usize::from(wire::CLASSIC_UDP_SIZE),
-        "a TC reply fits 512 bytes"
-    );
-    assert_eq!(
-        cut.len(),
-        q_end + if client_edns { 11 } else { 0 },
-        "header, question, and our OPT if the client sent one"
-    );
-    let msg = Message::from_vec(&cut)
-        .unwrap_or_else(|e| panic!("our TC reply does not parse ({e}): {cut:02x?}"));
-    assert!(msg.truncated());
-    assert_eq!(msg.answers().len() + msg.name_servers().len(), 0);
+    // The answer each kind of asker gets from it: within its limit, its own ID and question,
+    // an OPT record only if it sent one (with its DO bit, no COOKIE, no ECS), and every record
+    // that fits when it has to be cut.
+    let client_query = client_query_for(client, client_edns, sent_id);
+    let q = wire::parse_query(&client_query).expect("built queries parse");
+    for limit in [512usize, 1232, 65535] {
+        let mut out = Vec::new();
+        localdns_fallback::answer::for_asker(
+            reply,
+            &client_query,
+            &q,
+            limit,
+            &mut out,
+            &mut Vec::new(),
+        );
+        assert!(out.len() <= limit.max(reply.len().min(wire::HEADER_LEN)));
+        let o = header(&out).expect("an answer has a header");
+        assert_eq!(o.id, client_id_of(sent_id));
+        assert_eq!(
+            o.flags & 0x0100,
+            u16::from(client_query[2] & 1) << 8,
+            "RD as asked"
+        );
+        assert_eq!(wire::rcode(&out), wire::rcode(reply));
+        if h.qd == 1 {
+            assert_eq!(&out[wire::HEADER_LEN..q_end], client);
+        }
+        // Whatever hickory reads of the reply, it must read of the answer too, and the answer
+        // keeps a prefix of the reply's records.
+        let (Ok(theirs), Ok(ours)) = (Message::from_vec(reply), Message::from_vec(&out)) else {
+            continue;
+        };
+        assert!(ours.answers().len() <= theirs.answers().len());
+        assert_eq!(&theirs.answers()[..ours.answers().len()], ours.answers());
+        if ours.answers().len() < theirs.answers().len() {
+            assert!(ours.truncated(), "answer records left out without TC");
+        }
+        assert_eq!(
+            ours.extensions().is_some(),
+            client_edns && theirs.extensions().is_some()
+        );
+        if let Some(edns) = ours.extensions() {
+            use hickory_proto::rr::rdata::opt::EdnsCode;
+            assert!(!edns.flags().dnssec_ok, "the asker's DO (it sent none)");
+            assert!(edns.option(EdnsCode::Cookie).is_none());
+            assert!(edns.option(EdnsCode::Subnet).is_none());
+        }
+    }
+    let _ = restored;
+}
+
+/// The ID the asker of [`upstream_reply`] used.
+fn client_id_of(sent_id: u16) -> u16 {
+    sent_id ^ 0x5555
+}
+
+/// A whole query with the asker's `question` (the header of a plain RD=1 query).
+fn client_query_for(question: &[u8], edns: bool, sent_id: u16) -> Vec<u8> {
+    let mut p = client_id_of(sent_id).to_be_bytes().to_vec();
+    p.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, u8::from(edns)]);
+    p.extend_from_slice(question);
+    if edns {
+        p.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0, 0, 0, 0]);
+    }
+    p
 }
 
 /// An address in the documentation range for upstream `k`.

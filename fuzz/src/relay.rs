@@ -176,16 +176,22 @@ impl Rig {
         assert!(!wire::is_response(&bytes), "a response was forwarded");
         assert_eq!(wire::id(&bytes), leg.id, "the leg names the ID sent");
         // Over UDP only a UDP client's query; over TCP a TCP client's, or a UDP client's whose
-        // UDP answer came back truncated (fetched whole over TCP).
+        // UDP answer came back truncated (fetched whole over TCP). Each as
+        // `answer::upstream_query` makes it: the try's ID, 1232 bytes advertised, no COOKIE.
         let udp = matches!(leg.via, Via::Udp { .. });
+        let mut expected = Vec::new();
         assert!(
             self.clients.iter().any(|(client, c)| {
-                (!udp || matches!(client, Client::Udp(_)))
-                    && c.packet.len() == bytes.len()
-                    && c.packet[2..] == bytes[2..]
+                let Some(q) = &c.parsed else { return false };
+                localdns_fallback::answer::upstream_query(&c.packet, q, leg.id, &mut expected);
+                (!udp || matches!(client, Client::Udp(_))) && expected == bytes
             }),
-            "what goes upstream is a client's query, unchanged but for the ID, on its transport"
+            "what goes upstream is a client's query as upstream_query makes it, on its transport"
         );
+        if let Ok(q) = wire::parse_query(&bytes) {
+            assert!(!q.cookie, "a client's cookie went upstream");
+            assert!(!q.edns || q.udp_size == wire::UPSTREAM_EDNS_SIZE);
+        }
         self.sends.push((leg, bytes));
     }
 

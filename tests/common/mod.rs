@@ -18,6 +18,7 @@ pub mod netns;
 pub mod node;
 pub mod responder;
 pub mod servers;
+pub mod truncating;
 
 // Re-exports for `use common::*`; a binary that uses none of a module's items
 // would otherwise warn.
