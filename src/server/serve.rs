@@ -271,8 +271,11 @@ pub async fn serve(
     Ok(())
 }
 
-/// How often our place in the ports' SO_REUSEPORT groups is looked at while we serve.
-const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+/// How often our place in the ports' SO_REUSEPORT groups is looked at while we serve. Each look
+/// reads /proc/net, which walks the kernel's socket table and holds up packet processing for a
+/// moment, so not more often: it matters only after a member that joined before us (an orphaned
+/// CoreDNS) leaves, and then for at most this long.
+const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
 /// Keeps each listener's steering on our own socket as other members of its groups come and go.
 async fn follow_steering(held: Arc<Mutex<Vec<Held>>>) {
