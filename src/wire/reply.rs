@@ -1,0 +1,249 @@
+//! Shaping a reply for one asker: where its records and OPT sit, the asker's header bits and
+//! OPT, cutting at record boundaries, and the query sent upstream. Part of [`crate::wire`], which
+//! re-exports all of it; it uses wire's private record walkers.
+
+use super::*;
+
+/// The OPT record of a reply: where it lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptRecord {
+    pub start: usize,
+    /// Start of its RDATA (the options); it ends at `end`.
+    pub rdata: usize,
+    pub end: usize,
+}
+
+/// Where the parts of a reply lie: what each asker's answer is cut from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// End of the question section (the header's end when there is none).
+    pub question_end: usize,
+    pub counts: [u16; 4],
+    /// The first OPT record of the additional section.
+    pub opt: Option<OptRecord>,
+    /// Additional records before that OPT record (all of them without one).
+    pub additional_before_opt: u16,
+    /// End of the last record.
+    pub records_end: usize,
+}
+
+/// Walks a reply's sections; `None` if any part is malformed or cut short.
+pub fn layout(p: &[u8]) -> Option<Layout> {
+    if p.len() < HEADER_LEN {
+        return None;
+    }
+    let counts = counts(p);
+    let [qd, an, ns, ar] = counts.map(usize::from);
+    let mut at = HEADER_LEN;
+    for _ in 0..qd {
+        at = skip_name(p, at)? + 4;
+    }
+    if at > p.len() {
+        return None;
+    }
+    let question_end = at;
+    let mut opt = None;
+    let mut additional_before_opt = 0;
+    for index in 0..an + ns + ar {
+        let rr = resource_record(p, at)?;
+        if index >= an + ns && opt.is_none() {
+            if rr.rtype == TYPE_OPT {
+                opt = Some(OptRecord {
+                    start: at,
+                    rdata: rr.rdata,
+                    end: rr.end,
+                });
+            } else {
+                additional_before_opt += 1;
+            }
+        }
+        at = rr.end;
+    }
+    Some(Layout {
+        question_end,
+        counts,
+        opt,
+        additional_before_opt,
+        records_end: at,
+    })
+}
+
+/// Sets the header bits that are the asker's own in a reply made for it (RFC 1035 §4.1.1,
+/// RFC 6840 §5.7-5.8): RD and CD as it asked, AD only if the upstream set it and the asker
+/// showed it understands AD (AD or DO set in its query).
+pub fn set_asker_flags(reply: &mut [u8], query: &[u8], q: &Query) {
+    reply[2] = (reply[2] & !RD) | (query[2] & RD);
+    let ad = reply[3] & AD != 0 && (query[3] & AD != 0 || q.dnssec_ok);
+    reply[3] = (reply[3] & !(AD | CD)) | (query[3] & CD) | if ad { AD } else { 0 };
+}
+
+/// Appends the reply's OPT record as the asker is to see it: the upstream's UDP size, extended
+/// RCODE, version and flags, but the asker's DO bit; its options without COOKIE (a secret
+/// between one client and one server: never an upstream's to pass on) and without ECS unless
+/// `keep_ecs` (an ECS answer is for the subnet of the client that asked).
+pub fn push_reply_opt(
+    p: &[u8],
+    opt: &OptRecord,
+    dnssec_ok: bool,
+    keep_ecs: bool,
+    out: &mut Vec<u8>,
+) {
+    let fixed = opt.rdata - 10;
+    out.push(0);
+    out.extend_from_slice(&p[fixed..fixed + 6]); // type, UDP size, extended RCODE, version
+    out.push((p[fixed + 6] & !DO) | if dnssec_ok { DO } else { 0 });
+    out.push(p[fixed + 7]);
+    let len_at = out.len();
+    out.extend_from_slice(&[0, 0]);
+    // Options that do not parse end the list: what came before them is kept.
+    let _ = for_each_option(&p[opt.rdata..opt.end], |code, data| {
+        if code != option::COOKIE && (code != option::ECS || keep_ecs) {
+            out.extend_from_slice(&code.to_be_bytes());
+            out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+            out.extend_from_slice(data);
+        }
+        true
+    });
+    let len = (out.len() - len_at - 2) as u16;
+    out[len_at..len_at + 2].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Does the reply's OPT record carry a COOKIE or ECS option (that no other asker may see)?
+pub fn has_private_options(p: &[u8], opt: &OptRecord) -> bool {
+    let mut found = false;
+    let _ = for_each_option(&p[opt.rdata..opt.end], |code, _| {
+        found = code == option::COOKIE || code == option::ECS;
+        !found
+    });
+    found
+}
+
+/// Cuts `reply` (an answer already made for its asker, OPT last if any) down to `limit` bytes at
+/// record boundaries, as CoreDNS does (miekg/dns `Truncate`): whole records are kept in order
+/// (answer, then authority, then additional) while they fit, the OPT record is kept, and TC is
+/// set when an answer or authority record had to go (RFC 2181 §9: leaving out additional
+/// records alone is no reason for TC). A client that never retries over TCP (musl before
+/// 1.2.4) still gets every record that fits.
+pub fn truncate(reply: &mut Vec<u8>, limit: usize) {
+    if reply.len() <= limit || reply.len() < HEADER_LEN {
+        return;
+    }
+    let [qd, an, ns, ar] = counts(reply);
+    let mut question_end = HEADER_LEN;
+    for _ in 0..qd {
+        match skip_name(reply, question_end) {
+            Some(end) if end + 4 <= reply.len() => question_end = end + 4,
+            _ => {
+                question_end = HEADER_LEN;
+                reply[4..6].fill(0);
+                break;
+            }
+        }
+    }
+    // Find the trailing OPT record; a walk that fails keeps no record.
+    let total = usize::from(an) + usize::from(ns) + usize::from(ar);
+    let mut at = question_end;
+    let mut opt_start = None;
+    for walked in 0..total {
+        let Some(rr) = resource_record(reply, at) else {
+            cut_records(reply, limit, question_end, None, false);
+            return;
+        };
+        if walked + 1 == total && rr.rtype == TYPE_OPT && ar > 0 {
+            opt_start = Some(at);
+        }
+        at = rr.end;
+    }
+    cut_records(reply, limit, question_end, opt_start, true);
+}
+
+/// [`truncate`] for a caller that knows where the question ends and whether the last record
+/// (ending the message) is an OPT record: `walkable` says the records parse.
+pub fn cut_records(
+    reply: &mut Vec<u8>,
+    limit: usize,
+    question_end: usize,
+    opt_start: Option<usize>,
+    walkable: bool,
+) {
+    if reply.len() <= limit {
+        return;
+    }
+    let [_, an, ns, ar] = counts(reply);
+    let (opt_start, mut opt_len) = match opt_start {
+        Some(start) if walkable => (start, reply.len() - start),
+        _ => (0, 0),
+    };
+    // An OPT whose options alone would not fit keeps its fixed part only.
+    if opt_len > 0 && question_end + opt_len > limit {
+        reply[opt_start + 9..opt_start + 11].fill(0);
+        opt_len = 11;
+    }
+    let budget = limit.saturating_sub(opt_len);
+    let total = usize::from(an) + usize::from(ns) + usize::from(ar);
+    let records = if walkable {
+        total - usize::from(opt_len > 0)
+    } else {
+        0
+    };
+    let (mut cut, mut kept) = (question_end, 0usize);
+    while kept < records {
+        let Some(rr) = resource_record(reply, cut) else {
+            break;
+        };
+        if rr.end > budget {
+            break;
+        }
+        cut = rr.end;
+        kept += 1;
+    }
+    if opt_len > 0 {
+        reply.copy_within(opt_start..opt_start + opt_len, cut);
+    }
+    reply.truncate(cut + opt_len);
+    let kept_an = kept.min(usize::from(an));
+    let kept_ns = (kept - kept_an).min(usize::from(ns));
+    let kept_ar = kept - kept_an - kept_ns + usize::from(opt_len > 0);
+    if kept_an < usize::from(an) || kept_ns < usize::from(ns) {
+        reply[2] |= TC;
+    }
+    reply[6..8].copy_from_slice(&(kept_an as u16).to_be_bytes());
+    reply[8..10].copy_from_slice(&(kept_ns as u16).to_be_bytes());
+    reply[10..12].copy_from_slice(&(kept_ar as u16).to_be_bytes());
+}
+
+/// Writes into `out` the query to send upstream: the client's, with the try's ID; with EDNS, its
+/// OPT record advertising [`UPSTREAM_EDNS_SIZE`] (the upstream leg never needs IP fragments,
+/// and one answer of up to that size serves every asker of the name) and without a COOKIE
+/// option (the client's cookie is for us, its server, and a coalesced query speaks for many
+/// clients). Queries without EDNS go as they came: the upstream decides how to fit 512 bytes.
+pub fn upstream_query(query: &[u8], q: &Query, id: u16, out: &mut Vec<u8>) {
+    out.clear();
+    let fixed = if q.edns {
+        skip_name(query, q.opt_start)
+    } else {
+        None
+    };
+    match fixed {
+        Some(fixed) if q.cookie => {
+            let rdata = fixed + 10;
+            out.extend_from_slice(&query[..rdata]);
+            let _ = for_each_option(&query[rdata..q.opt_end], |code, data| {
+                if code != option::COOKIE {
+                    out.extend_from_slice(&code.to_be_bytes());
+                    out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+                    out.extend_from_slice(data);
+                }
+                true
+            });
+            let len = (out.len() - rdata) as u16;
+            out[rdata - 2..rdata].copy_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(&query[q.opt_end..]);
+        }
+        _ => out.extend_from_slice(query),
+    }
+    if let Some(fixed) = fixed {
+        out[fixed + 2..fixed + 4].copy_from_slice(&UPSTREAM_EDNS_SIZE.to_be_bytes());
+    }
+    set_id(out, id);
+}
