@@ -1,0 +1,212 @@
+//! Relaying, matching replies, local answers, shedding, sizes and query IDs.
+
+use super::*;
+
+#[test]
+fn relays_over_the_askers_transport_and_restores_id_and_case() {
+    for transport in BOTH {
+        let mut rig = Rig::new(transport, ListenerRole::Node, vec![up(1)], vec![up(2)]);
+        let q = query(0xabcd, "WWW.Example.com", None);
+        assert_eq!(rig.query(&q, 0), Outcome::Waiting);
+        let (leg, sent) = rig.last_upstream();
+        assert_eq!(leg.to, up(1));
+        let tcp = matches!(leg.via, Via::Tcp);
+        assert_eq!(
+            tcp,
+            transport == Transport::Tcp,
+            "upstream transport = client's"
+        );
+        assert_eq!(&sent[2..], &q[2..], "forwarded unchanged but for the ID");
+        rig.reply(leg, reply(&sent, true, 0));
+        let answers = rig.to_client();
+        assert_eq!(answers.len(), 1, "{transport:?}");
+        assert_eq!(wire::id(&answers[0]), 0xabcd);
+        assert_eq!(&answers[0][12..], &q[12..], "client's spelling restored");
+        assert_eq!(rig.engine.inflight(), 0);
+    }
+}
+
+#[test]
+fn ignores_replies_that_do_not_match_on_both_transports() {
+    for transport in BOTH {
+        let mut rig = Rig::new(transport, ListenerRole::Cluster, vec![up(1)], vec![up(2)]);
+        let q = query(1, "a.svc.cluster.local", None);
+        rig.query(&q, 0);
+        let (leg, sent) = rig.last_upstream();
+        rig.reply_at(leg, reply(&sent, false, 0), up(3), 0); // wrong source address
+        let other_port = SocketAddr::from(([198, 18, 0, 2], 5353));
+        rig.reply_at(leg, reply(&sent, false, 0), other_port, 0);
+        if let Via::Udp { socket } = leg.via {
+            let other = Leg {
+                via: Via::Udp { socket: socket ^ 1 },
+                ..leg
+            };
+            rig.reply(other, reply(&sent, false, 0)); // wrong socket
+        }
+        let mut wrong_id = reply(&sent, false, 0);
+        wrong_id[0] ^= 0xff;
+        rig.reply(leg, wrong_id);
+        let other_question = query(wire::id(&sent), "b.svc.cluster.local", None);
+        rig.reply(leg, reply(&other_question, false, 0));
+        rig.reply(leg, sent.clone()); // not a response
+        rig.reply(leg, vec![1, 2, 3]);
+        assert!(rig.to_client().is_empty(), "{transport:?}");
+        assert_eq!(rig.engine.inflight(), 1, "still waiting");
+        rig.reply(leg, reply(&sent, false, 0));
+        assert_eq!(rig.to_client().len(), 1);
+    }
+}
+
+#[test]
+fn oversized_answers_become_tc_replies_over_udp_only() {
+    for transport in BOTH {
+        let mut rig = Rig::new(transport, ListenerRole::Node, vec![up(1)], vec![]);
+        let q = query(9, "big.example", None);
+        rig.query(&q, 0);
+        let (leg, sent) = rig.last_upstream();
+        rig.reply(leg, reply(&sent, false, 1000));
+        let a = &rig.to_client()[0];
+        match transport {
+            Transport::Udp => {
+                assert!(wire::is_truncated(a));
+                assert_eq!(&a[12..], &q[12..]);
+            }
+            Transport::Tcp => assert!(!wire::is_truncated(a) && a.len() > 1000),
+        }
+    }
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Node, vec![up(1)], vec![]);
+    rig.query(&query(10, "big.example", Some(4096)), 0);
+    let (leg, sent) = rig.last_upstream();
+    rig.reply(leg, reply(&sent, false, 1000));
+    let a = &rig.to_client()[0];
+    assert!(
+        !wire::is_truncated(a) && a.len() > 1000,
+        "fits the advertised size"
+    );
+}
+
+#[test]
+fn a_truncated_udp_answer_is_fetched_over_tcp_for_an_asker_that_takes_more() {
+    let mut rig = Rig::new(
+        Transport::Udp,
+        ListenerRole::Cluster,
+        vec![],
+        vec![up(1), up(2)],
+    );
+    rig.query(&query(1, "big.svc", Some(4096)), 0);
+    let (leg, sent) = rig.last_upstream();
+    let mut tc = reply(&sent, false, 0);
+    tc[2] |= 0x02;
+    rig.reply_at(leg, tc, leg.to, 1);
+    assert!(rig.to_client().is_empty(), "not passed on cut");
+    let (again, sent2) = rig.last_upstream();
+    assert_eq!(
+        (again.via, again.to),
+        (Via::Tcp, leg.to),
+        "the same upstream, over TCP"
+    );
+    rig.reply_at(again, reply(&sent2, false, 3000), again.to, 2);
+    let answers = rig.to_client();
+    assert_eq!(answers.len(), 1);
+    assert!(!wire::is_truncated(&answers[0]) && answers[0].len() > 3000);
+    // A client that takes only 512 bytes would get a cut answer from the upstream too: passed on.
+    rig.query(&query(2, "big2.svc", None), 10);
+    let (leg, sent) = rig.last_upstream();
+    let mut tc = reply(&sent, false, 0);
+    tc[2] |= 0x02;
+    rig.reply_at(leg, tc, leg.to, 11);
+    let last = rig.to_client().pop().unwrap();
+    assert_eq!(wire::id(&last), 2);
+    assert!(wire::is_truncated(&last));
+}
+
+#[test]
+fn answers_locally_and_drops_responses() {
+    for transport in BOTH {
+        let mut rig = Rig::new(transport, ListenerRole::Node, vec![up(1)], vec![up(2)]);
+        let probe = query(3, "health-check.localdns.local", None);
+        assert_eq!(rig.query(&probe, 0), Outcome::Answered);
+        let mut response = query(4, "example.com", None);
+        response[2] |= 0x80;
+        assert_eq!(rig.query(&response, 0), Outcome::Dropped);
+        assert_eq!(rig.query(&[0xff; 5], 0), Outcome::Dropped);
+        let answers = rig.to_client();
+        assert_eq!(answers.len(), 1);
+        assert_eq!(wire::rcode(&answers[0]), rcode::NOERROR);
+        assert_eq!(rig.upstream_sends(), 0);
+    }
+}
+
+#[test]
+fn sheds_with_refused_above_the_cap_and_servfails_without_upstreams() {
+    for transport in BOTH {
+        let mut rig = Rig::with(transport, ListenerRole::Cluster, vec![], vec![up(1)], |s| {
+            s.max_inflight = 2
+        });
+        for i in 0..3 {
+            rig.query(&query(i, &format!("n{i}.b"), None), 0);
+        }
+        let answers = rig.to_client();
+        assert_eq!(answers.len(), 1, "{transport:?}");
+        assert_eq!(wire::rcode(&answers[0]), rcode::REFUSED);
+        assert_eq!(rig.engine.stats.shed.load(RELAXED), 1);
+        let mut empty = Rig::new(transport, ListenerRole::Cluster, vec![up(1)], vec![]);
+        empty.query(&query(1, "a.b", None), 0);
+        assert_eq!(wire::rcode(&empty.to_client()[0]), rcode::SERVFAIL);
+    }
+}
+
+#[test]
+fn ids_spread_over_sockets_and_values() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    for i in 0..200 {
+        rig.query(&query(i, &format!("n{i}.b"), None), 0);
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut sockets = std::collections::HashSet::new();
+    for (d, b) in &rig.sent {
+        if let Dest::Upstream(leg) = d {
+            ids.insert(wire::id(b));
+            if let Via::Udp { socket } = leg.via {
+                sockets.insert(socket);
+            }
+        }
+    }
+    assert!(
+        ids.len() > 190,
+        "IDs look random: {} distinct of 200",
+        ids.len()
+    );
+    assert_eq!(sockets.len(), 2, "both IPv4 sockets used");
+}
+
+#[test]
+fn every_query_gets_exactly_one_reply_and_nothing_stays_in_flight() {
+    // A mix of everything at once, on both transports: each client is answered once.
+    for transport in BOTH {
+        let mut rig = Rig::new(
+            transport,
+            ListenerRole::Node,
+            vec![up(1), up(2)],
+            vec![up(3)],
+        );
+        let names = [
+            "a.example",
+            "b.svc.cluster.local",
+            "a.example",
+            "health-check.localdns.local",
+        ];
+        for (i, n) in names.iter().enumerate() {
+            rig.query(&query(i as u16, n, None), 0);
+        }
+        let (leg, sent) = rig.last_upstream();
+        rig.reply(leg, answer(&sent, 5));
+        for ms in (500..=3000).step_by(500) {
+            rig.tick(ms);
+        }
+        let mut ids: Vec<u16> = rig.to_client().iter().map(|a| wire::id(a)).collect();
+        ids.sort();
+        assert_eq!(ids, [0, 1, 2, 3], "{transport:?}");
+        assert_eq!(rig.engine.inflight(), 0);
+    }
+}
