@@ -127,63 +127,51 @@ impl UpstreamSet {
         excluded: &[SocketAddr],
         now: Instant,
     ) -> Option<Choice> {
+        // Runs once per try: filters over the rotation order, no allocation.
         let n = self.addrs.len();
-        let order = (0..n).map(|k| (start + k) % n);
-        let open: Vec<usize> = order
-            .clone()
-            .filter(|&i| !excluded.contains(&self.addrs[i]))
-            .collect();
-        if open.is_empty() {
+        let order = move || (0..n).map(move |k| (start + k) % n);
+        let open = move |i: &usize| !excluded.contains(&self.addrs[*i]);
+        let fresh = move |i: &usize| open(i) && !tried.contains(&self.addrs[*i]);
+        let healthy = move |i: &usize| fresh(i) && !self.suspect(*i);
+        let open_count = order().filter(open).count();
+        if open_count == 0 {
             return None;
         }
-        let fresh: Vec<usize> = open
-            .iter()
-            .copied()
-            .filter(|&i| !tried.contains(&self.addrs[i]))
-            .collect();
-        if fresh.is_empty() {
-            let i = open[tried.len() % open.len()];
+        if !order().any(|i| fresh(&i)) {
+            let i = order().filter(open).nth(tried.len() % open_count)?;
             return Some(Choice {
                 addr: self.addrs[i],
                 probe: false,
             });
         }
-        let healthy: Vec<usize> = fresh
-            .iter()
-            .copied()
-            .filter(|&i| !self.suspect(i))
-            .collect();
-        let best = healthy
-            .iter()
-            .map(|&i| self.health[i].srtt_us.load(Relaxed))
-            .min()
-            .unwrap_or(0);
-        let in_band = |i: usize| {
-            let srtt = self.health[i].srtt_us.load(Relaxed);
-            srtt == 0 || srtt <= best.saturating_mul(2).saturating_add(BAND_SLACK_US)
+        let srtt = |i: usize| self.health[i].srtt_us.load(Relaxed);
+        let best = order().filter(healthy).map(srtt).min().unwrap_or(0);
+        let in_band = move |i: &usize| {
+            let s = srtt(*i);
+            s == 0 || s <= best.saturating_mul(2).saturating_add(BAND_SLACK_US)
         };
         if tried.is_empty() {
             let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
-            for &i in &fresh {
-                if (self.suspect(i) || !in_band(i)) && self.claim_probe(i, now_ms) {
-                    return Some(Choice {
-                        addr: self.addrs[i],
-                        probe: true,
-                    });
-                }
+            let due = order()
+                .filter(fresh)
+                .find(|i| (self.suspect(*i) || !in_band(i)) && self.claim_probe(*i, now_ms));
+            if let Some(i) = due {
+                return Some(Choice {
+                    addr: self.addrs[i],
+                    probe: true,
+                });
             }
         }
-        let banded: Vec<usize> = healthy.iter().copied().filter(|&i| in_band(i)).collect();
-        let pool = [&banded, &healthy, &fresh]
-            .into_iter()
-            .find(|p| !p.is_empty())
-            .expect("fresh is not empty");
-        // Least outstanding first; `pool` is in rotation order, and min_by_key keeps the first
-        // of equals, so equal servers take turns.
-        let i = *pool
-            .iter()
-            .min_by_key(|&&i| self.health[i].outstanding.load(Relaxed))
-            .expect("pool is not empty");
+        let banded = move |i: &usize| healthy(i) && in_band(i);
+        // The first non-empty pool of: healthy and in band, healthy, any not yet tried. Least
+        // outstanding first; min_by_key keeps the first of equals in rotation order, so equal
+        // servers take turns.
+        let outstanding = |i: &usize| self.health[*i].outstanding.load(Relaxed);
+        let i = order()
+            .filter(banded)
+            .min_by_key(outstanding)
+            .or_else(|| order().filter(healthy).min_by_key(outstanding))
+            .or_else(|| order().filter(fresh).min_by_key(outstanding))?;
         Some(Choice {
             addr: self.addrs[i],
             probe: false,

@@ -73,14 +73,7 @@ impl Engine {
         self.stats.stale.fetch_add(answers as u64, RELAXED);
         self.events.push_back(Event::ServedStale { answers });
         for (client, query, q) in p.askers() {
-            deliver(
-                &mut self.outbox,
-                &mut self.scratch,
-                &self.answer,
-                client,
-                query,
-                q,
-            );
+            self.deliver_answer(client, query, q);
         }
     }
 

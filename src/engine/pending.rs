@@ -78,11 +78,16 @@ impl Pending {
         self.tries.iter().flatten().filter(|t| t.live).count()
     }
 
-    /// Upstreams already tried, and those that answered with an error.
-    pub fn tried_and_excluded(&self) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
-        let tries = self.tries[..self.ntries].iter().flatten();
-        let tried = tries.clone().map(|t| t.leg.to).collect();
-        let excluded = tries.filter(|t| t.errored).map(|t| t.leg.to).collect();
+    /// Upstreams already tried, and those that answered with an error (in fixed arrays: this
+    /// runs for every try).
+    pub fn tried_and_excluded(&self) -> (Tried, Tried) {
+        let (mut tried, mut excluded) = (Tried::default(), Tried::default());
+        for t in self.tries[..self.ntries].iter().flatten() {
+            tried.push(t.leg.to);
+            if t.errored {
+                excluded.push(t.leg.to);
+            }
+        }
         (tried, excluded)
     }
 
@@ -90,6 +95,35 @@ impl Pending {
         self.tries
             .iter()
             .position(|t| t.is_some_and(|t| t.leg == *leg))
+    }
+}
+
+/// Up to `MAX_TRIES` upstreams.
+pub struct Tried {
+    addrs: [SocketAddr; MAX_TRIES],
+    len: usize,
+}
+
+impl Default for Tried {
+    fn default() -> Tried {
+        let none = SocketAddr::from(([0, 0, 0, 0], 0));
+        Tried {
+            addrs: [none; MAX_TRIES],
+            len: 0,
+        }
+    }
+}
+
+impl Tried {
+    fn push(&mut self, addr: SocketAddr) {
+        if self.len < MAX_TRIES {
+            self.addrs[self.len] = addr;
+            self.len += 1;
+        }
+    }
+
+    pub fn as_slice(&self) -> &[SocketAddr] {
+        &self.addrs[..self.len]
     }
 }
 

@@ -178,9 +178,12 @@ impl Engine {
                 Some(Choice { addr, probe: false })
             } else if p.ntries < MAX_TRIES && now < p.deadline {
                 let (tried, excluded) = p.tried_and_excluded();
-                self.upstreams
-                    .get(group)
-                    .choose(p.start, &tried, &excluded, now)
+                self.upstreams.get(group).choose(
+                    p.start,
+                    tried.as_slice(),
+                    excluded.as_slice(),
+                    now,
+                )
             } else {
                 None
             };
