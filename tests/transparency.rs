@@ -543,20 +543,7 @@ fn glibc_gets_every_address_and_musl_the_ones_that_fit_through_each_listener() {
     let topo = Topology::new();
     let up = topo.add_upstream_ns(true, false);
     let stand_in = TruncatingUpstream::start(&up.ns, up.sock_v4());
-    let upstream = up.sock_v4().to_string();
-    let args: Vec<String> = [
-        "--node-upstream",
-        &upstream,
-        "--cluster-upstream",
-        &upstream,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let fwd = Forwarder::spawn(&topo.node, &args);
-    for l in [NODE, CLUSTER] {
-        fwd.wait_ready(&topo.node, listener(l), Duration::from_secs(10));
-    }
+    let _fwd = forwarder_for(&topo, up.sock_v4(), &[]);
     for l in [NODE, CLUSTER] {
         topo.node
             .set_resolv_conf(&format!("nameserver {l}\noptions timeout:2 attempts:1\n"));

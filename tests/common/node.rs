@@ -22,22 +22,7 @@ impl OneUpstream {
         let topo = Topology::new();
         let up = topo.add_upstream_ns(true, false);
         let resp = Responder::start(&up.ns, up.sock_v4(), mode);
-        let upstream = up.sock_v4().to_string();
-        let mut args: Vec<String> = [
-            "--node-upstream",
-            &upstream,
-            "--cluster-upstream",
-            &upstream,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let fwd = Forwarder::spawn(&topo.node, &args);
-        for listener in ["169.254.10.10:53", "169.254.10.11:53"] {
-            let addr: SocketAddr = listener.parse().expect("literal");
-            fwd.wait_ready(&topo.node, addr, Duration::from_secs(10));
-        }
+        let fwd = forwarder_for(&topo, up.sock_v4(), extra);
         OneUpstream {
             fwd,
             resp: Some(resp),
@@ -50,4 +35,26 @@ impl OneUpstream {
     pub fn upstream_queries(&self) -> usize {
         self.resp.as_ref().map_or(0, Responder::queries)
     }
+}
+
+/// The forwarder in `topo`'s node namespace with `upstream` as both the VNet DNS and kube-dns
+/// (and `extra` flags), ready on both listeners.
+pub fn forwarder_for(topo: &Topology, upstream: SocketAddr, extra: &[&str]) -> Forwarder {
+    let upstream = upstream.to_string();
+    let mut args: Vec<String> = [
+        "--node-upstream",
+        &upstream,
+        "--cluster-upstream",
+        &upstream,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let fwd = Forwarder::spawn(&topo.node, &args);
+    for listener in ["169.254.10.10:53", "169.254.10.11:53"] {
+        let addr: SocketAddr = listener.parse().expect("literal");
+        fwd.wait_ready(&topo.node, addr, Duration::from_secs(10));
+    }
+    fwd
 }
