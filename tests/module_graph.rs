@@ -95,7 +95,9 @@ fn the_engine_owns_no_socket_and_reads_no_clock() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
     for entry in std::fs::read_dir(&dir).expect("src/engine").flatten() {
         let path = entry.path();
-        if path.file_name().is_some_and(|n| n == "tests.rs") {
+        // Its tests (src/engine/tests/) build packets and read no real clock either, but they
+        // are not the engine.
+        if path.is_dir() || path.file_name().is_some_and(|n| n == "tests.rs") {
             continue;
         }
         let text = std::fs::read_to_string(&path).expect("a source file");
