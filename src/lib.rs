@@ -19,6 +19,7 @@
 //!   after the hand-over is done.
 //!
 //! The shells, which move bytes in and out of engines:
+//! - [`mmsg`]: batches of datagrams per system call (`recvmmsg`, `sendmmsg`).
 //! - [`mailbox`]: how TCP tasks hand queries and upstream replies to a relay thread.
 //! - [`tcp`]: TCP client connections (tokio tasks).
 //! - [`tcp_pool`]: pooled, pipelined upstream TCP connections (tokio tasks).
@@ -51,6 +52,7 @@ pub mod link;
 pub mod listen;
 pub mod mailbox;
 pub mod metrics;
+pub mod mmsg;
 pub mod privilege;
 pub mod relay;
 pub mod report;

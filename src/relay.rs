@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -25,16 +26,16 @@ use crate::engine::{Client, ConnId, Dest, Engine, Event, Failure, Leg, Outcome, 
 use crate::handoff::Drain;
 use crate::listen;
 use crate::mailbox::{Letter, Mailbox};
+use crate::mmsg::{RecvBatch, SendBatch};
 use crate::roles::Transport;
 use crate::stats::ListenerStats;
 use crate::systemd::Heartbeats;
 use crate::tcp_pool::UpstreamSide;
 use crate::upstream::UpstreamSets;
 
-/// Datagrams read from one socket before looking at the others, so no socket starves the rest.
+/// Datagrams read from one socket (one `recvmmsg`) before looking at the others, so no socket
+/// starves the rest; also the replies sent to clients by one `sendmmsg`.
 const BATCH: usize = 64;
-/// Room for the largest datagram UDP can carry: upstream answers are never cut by us.
-const MAX_DATAGRAM: usize = 65535;
 /// Longest an idle loop sleeps before going round (and beating its heartbeat) again.
 const HEARTBEAT_IDLE: Duration = Duration::from_millis(500);
 /// How often a warning about one upstream, or about stale answers, may be logged.
@@ -104,6 +105,8 @@ struct Shell {
     tcp: Arc<UpstreamSide>,
     stats: Arc<ListenerStats>,
     clients: HashMap<ConnId, mpsc::Sender<Vec<u8>>>,
+    /// Replies to UDP clients, sent together at the end of each flush.
+    replies: SendBatch,
     failed: Vec<(Leg, Failure)>,
     log: EventLog,
 }
@@ -141,10 +144,11 @@ pub fn run(relay: Relay) {
         tcp,
         stats,
         clients: HashMap::new(),
+        replies: SendBatch::new(BATCH),
         failed: Vec::new(),
         log: EventLog::default(),
     };
-    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut batch = RecvBatch::new(BATCH);
     let mut letters = Vec::new();
     shell.connect_upstreams(&engine);
     let mut events = vec![EpollEvent::empty(); 256];
@@ -181,13 +185,15 @@ pub fn run(relay: Relay) {
                 }
                 LISTENER_TOKEN => {
                     if let Some(l) = shell.listener.as_ref() {
-                        let mut read = false;
-                        let _ = for_each_datagram(l, &mut buf, |packet, from| {
-                            read = true;
-                            engine.handle_query(Instant::now(), Client::Udp(from), packet);
-                        });
-                        if let (true, Some(d)) = (read, udp_drain.as_mut()) {
-                            d.activity(Instant::now());
+                        let read = receive(l, &mut batch).unwrap_or(0);
+                        let now = Instant::now();
+                        for (packet, from) in batch.iter() {
+                            if let Some(from) = from {
+                                engine.handle_query(now, Client::Udp(from), packet);
+                            }
+                        }
+                        if let (true, Some(d)) = (read > 0, udp_drain.as_mut()) {
+                            d.activity(now);
                         }
                     }
                     shell.flush(&mut engine);
@@ -205,14 +211,18 @@ pub fn run(relay: Relay) {
                         continue;
                     };
                     let (to, via) = (up.to, Via::Udp { socket: up.slot });
-                    let error = for_each_datagram(&up.socket, &mut buf, |packet, _| {
-                        engine.handle_reply(Instant::now(), via, to, packet);
-                    });
-                    // A connected socket reports the upstream's ICMP errors here.
-                    if let Some(e) = error {
-                        if is_unreachable(&e) {
-                            engine.handle_unreachable(Instant::now(), to);
+                    match receive(&up.socket, &mut batch) {
+                        Ok(_) => {
+                            let now = Instant::now();
+                            for (packet, _) in batch.iter() {
+                                engine.handle_reply(now, via, to, packet);
+                            }
                         }
+                        // A connected socket reports the upstream's ICMP errors here.
+                        Err(e) if is_unreachable(&e) => {
+                            engine.handle_unreachable(Instant::now(), to)
+                        }
+                        Err(_) => {}
                     }
                     shell.flush(&mut engine);
                 }
@@ -353,7 +363,13 @@ impl Shell {
                     Dest::Client(Client::Udp(to)) => {
                         self.stats.response(Transport::Udp, t.bytes);
                         if let Some(l) = &self.listener {
-                            let _ = l.send_to(t.bytes, to);
+                            if !self.replies.push(t.bytes, to) {
+                                self.replies.send(l.as_raw_fd());
+                                if !self.replies.push(t.bytes, to) {
+                                    // Larger than a batch slot: on its own.
+                                    let _ = l.send_to(t.bytes, to);
+                                }
+                            }
                         }
                     }
                     Dest::Client(Client::Tcp(conn)) => {
@@ -392,6 +408,9 @@ impl Shell {
                 self.log.event(event, Instant::now());
             }
             if self.failed.is_empty() {
+                if let (false, Some(l)) = (self.replies.is_empty(), &self.listener) {
+                    self.replies.send(l.as_raw_fd());
+                }
                 return;
             }
             let now = Instant::now();
@@ -480,25 +499,12 @@ fn register(listener: &UdpSocket, mailbox: &Mailbox, stop: &Stop) -> nix::Result
     Ok(epoll)
 }
 
-/// Reads up to `BATCH` datagrams from a readable socket, so one busy socket cannot starve the
-/// others; what is left is reported again by the next (level-triggered) wait. Returns the error
-/// that stopped it, if any other than "nothing left".
-fn for_each_datagram(
-    socket: &UdpSocket,
-    buf: &mut [u8],
-    mut handle: impl FnMut(&[u8], SocketAddr),
-) -> Option<io::Error> {
-    for _ in 0..BATCH {
-        match socket.recv_from(buf) {
-            Ok((n, from)) => handle(&buf[..n], from),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
-            Err(e) => {
-                tracing::debug!(error = %e, "UDP receive error");
-                return Some(e);
-            }
-        }
-    }
-    None
+/// Reads what a readable socket has queued, up to `BATCH` datagrams, so one busy socket cannot
+/// starve the others; what is left is reported again by the next (level-triggered) wait.
+fn receive(socket: &UdpSocket, batch: &mut RecvBatch) -> io::Result<usize> {
+    batch.recv(socket).inspect_err(|e| {
+        tracing::debug!(error = %e, "UDP receive error");
+    })
 }
 
 /// Errors with which the kernel passes on an ICMP error for a connected socket.

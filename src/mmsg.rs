@@ -1,0 +1,304 @@
+//! Batches of datagrams, one system call each way: `recvmmsg` reads every datagram a socket has
+//! queued (up to a batch) where `recv_from` in a loop costs a call per datagram and one more that
+//! finds the queue empty; `sendmmsg` sends a flush's replies to many clients at once.
+//!
+//! The message headers point into the batch's own buffers; they are rewritten before every call,
+//! so nothing depends on where the batch itself lives.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, RawFd};
+
+use nix::libc;
+
+/// Room for the largest datagram UDP can carry: nothing is ever cut. The buffer is allocated
+/// zeroed and untouched, so memory is used only for the bytes that really arrive. Slots start
+/// 65,600 bytes apart, not 64 KiB: at a power-of-two stride every datagram's first bytes would
+/// fall into the same few CPU cache sets.
+pub const RECV_SLOT: usize = 65600;
+/// A reply larger than this is sent on its own (`SendBatch::push` refuses it).
+pub const SEND_SLOT: usize = 4096;
+
+/// Datagrams read by one `recvmmsg`.
+pub struct RecvBatch {
+    buf: Vec<u8>,
+    lens: Vec<usize>,
+    addrs: Vec<libc::sockaddr_storage>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    n: usize,
+}
+
+impl RecvBatch {
+    pub fn new(slots: usize) -> RecvBatch {
+        RecvBatch {
+            buf: vec![0; slots * RECV_SLOT],
+            lens: vec![0; slots],
+            // SAFETY (all three): all-zero is a valid value of these plain C structs.
+            addrs: vec![unsafe { zeroed() }; slots],
+            iovs: vec![unsafe { zeroed() }; slots],
+            hdrs: vec![unsafe { zeroed() }; slots],
+            n: 0,
+        }
+    }
+
+    /// Reads what `socket` has queued, without waiting. `Ok(0)` when nothing is queued; an
+    /// error only when nothing was read (the kernel reports a later one on the next call).
+    pub fn recv(&mut self, socket: &impl AsRawFd) -> io::Result<usize> {
+        self.n = 0;
+        let slots = self.lens.len();
+        let base = self.buf.as_mut_ptr();
+        for i in 0..slots {
+            self.iovs[i] = libc::iovec {
+                // SAFETY: slot i lies inside `buf` (slots * RECV_SLOT bytes).
+                iov_base: unsafe { base.add(i * RECV_SLOT) }.cast(),
+                iov_len: RECV_SLOT,
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+        }
+        // SAFETY: `hdrs` holds `slots` headers, each pointing at memory of this batch that
+        // outlives the call.
+        let got = unsafe {
+            libc::recvmmsg(
+                socket.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                slots as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(0),
+                _ => Err(e),
+            };
+        }
+        self.n = got as usize;
+        for i in 0..self.n {
+            self.lens[i] = self.hdrs[i].msg_len as usize;
+        }
+        Ok(self.n)
+    }
+
+    /// Whether the last read filled every slot (more may be queued).
+    pub fn full(&self) -> bool {
+        self.n == self.lens.len()
+    }
+
+    /// The datagrams of the last read, each with its sender when the kernel gave one.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<SocketAddr>)> {
+        (0..self.n).map(|i| {
+            let start = i * RECV_SLOT;
+            let from = from_storage(&self.addrs[i], self.hdrs[i].msg_hdr.msg_namelen);
+            (&self.buf[start..start + self.lens[i]], from)
+        })
+    }
+}
+
+/// Replies queued for one `sendmmsg` from one socket, each to its own address.
+pub struct SendBatch {
+    buf: Vec<u8>,
+    lens: Vec<usize>,
+    addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    n: usize,
+}
+
+impl SendBatch {
+    pub fn new(slots: usize) -> SendBatch {
+        SendBatch {
+            buf: vec![0; slots * SEND_SLOT],
+            lens: vec![0; slots],
+            // SAFETY (all three): all-zero is a valid value of these plain C structs.
+            addrs: vec![(unsafe { zeroed() }, 0); slots],
+            iovs: vec![unsafe { zeroed() }; slots],
+            hdrs: vec![unsafe { zeroed() }; slots],
+            n: 0,
+        }
+    }
+
+    /// Queues a copy of `bytes` for `to`; false when the batch is full or `bytes` is larger than
+    /// a slot (send those on their own).
+    pub fn push(&mut self, bytes: &[u8], to: SocketAddr) -> bool {
+        if self.n == self.lens.len() || bytes.len() > SEND_SLOT {
+            return false;
+        }
+        let start = self.n * SEND_SLOT;
+        self.buf[start..start + bytes.len()].copy_from_slice(bytes);
+        self.lens[self.n] = bytes.len();
+        self.addrs[self.n] = to_storage(to);
+        self.n += 1;
+        true
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Sends everything queued from `socket` and empties the batch. A datagram the kernel
+    /// refuses (a full send buffer, a bad address) is dropped like any lost datagram; the
+    /// client asks again.
+    pub fn send(&mut self, socket: RawFd) {
+        let base = self.buf.as_mut_ptr();
+        for i in 0..self.n {
+            self.iovs[i] = libc::iovec {
+                // SAFETY: slot i lies inside `buf` (slots * SEND_SLOT bytes).
+                iov_base: unsafe { base.add(i * SEND_SLOT) }.cast(),
+                iov_len: self.lens[i],
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.addrs[i].0 as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = self.addrs[i].1;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+        }
+        let mut done = 0;
+        while done < self.n {
+            // SAFETY: headers done..n point at memory of this batch that outlives the call.
+            let sent = unsafe {
+                libc::sendmmsg(
+                    socket,
+                    self.hdrs.as_mut_ptr().add(done),
+                    (self.n - done) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if sent < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // The first remaining datagram failed: skip it, send the rest.
+                tracing::debug!(error = %e, "UDP send error");
+                done += 1;
+            } else {
+                done += sent as usize;
+            }
+        }
+        self.n = 0;
+    }
+}
+
+fn to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and aligned for it.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn from_storage(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the kernel wrote a sockaddr_in (family and length say so).
+            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: the kernel wrote a sockaddr_in6.
+            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+
+    #[test]
+    fn a_batch_reads_every_queued_datagram_and_sends_to_each_address() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("[::1]:0").unwrap();
+        let mut recv = RecvBatch::new(4);
+        assert_eq!(recv.recv(&rx).unwrap(), 0, "nothing queued yet");
+        for i in 0..6u8 {
+            a.send_to(&vec![i; 100 + i as usize], rx.local_addr().unwrap())
+                .unwrap();
+        }
+        assert_eq!(recv.recv(&rx).unwrap(), 4);
+        assert!(recv.full());
+        let got: Vec<_> = recv.iter().map(|(d, f)| (d.to_vec(), f)).collect();
+        for (i, (d, from)) in got.iter().enumerate() {
+            assert_eq!(d, &vec![i as u8; 100 + i]);
+            assert_eq!(*from, Some(a.local_addr().unwrap()));
+        }
+        assert_eq!(recv.recv(&rx).unwrap(), 2);
+        assert!(!recv.full());
+
+        let mut send = SendBatch::new(2);
+        assert!(send.push(b"one", a.local_addr().unwrap()));
+        assert!(send.push(b"two", a.local_addr().unwrap()));
+        assert!(!send.push(b"three", a.local_addr().unwrap()), "full");
+        send.send(rx.as_raw_fd());
+        assert!(send.is_empty());
+        assert!(!send.push(&[0; SEND_SLOT + 1], a.local_addr().unwrap()));
+        let mut buf = [0u8; 16];
+        for want in [b"one", b"two"] {
+            let n = a.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], want);
+        }
+
+        // Loopback delivers within the send, so the datagram is already queued.
+        let rx6 = UdpSocket::bind("[::1]:0").unwrap();
+        b.send_to(b"six", rx6.local_addr().unwrap()).unwrap();
+        assert_eq!(recv.recv(&rx6).unwrap(), 1);
+        let (d, from) = recv.iter().next().unwrap();
+        assert_eq!(d, b"six");
+        assert_eq!(from, Some(b.local_addr().unwrap()));
+    }
+}
