@@ -157,7 +157,7 @@ impl Engine {
             }
         }
         if let Some(key) = &pending.key {
-            self.waiting.remove(&(key.clone(), pending.transport));
+            self.waiting[pending.transport as usize].remove(key);
         }
         self.free.push(slot);
         self.inflight -= 1;
