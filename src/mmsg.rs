@@ -1,6 +1,7 @@
 //! Batches of datagrams, one system call each way: `recvmmsg` reads every datagram a socket has
 //! queued (up to a batch) where `recv_from` in a loop costs a call per datagram and one more that
-//! finds the queue empty; `sendmmsg` sends a flush's replies to many clients at once.
+//! finds the queue empty; `sendmmsg` sends what a flush has for one socket at once: the replies to
+//! many clients, the queries to one upstream.
 //!
 //! The message headers point into the batch's own buffers; they are rewritten before every call,
 //! so nothing depends on where the batch itself lives.
@@ -104,11 +105,15 @@ impl RecvBatch {
     }
 }
 
-/// Replies queued for one `sendmmsg` from one socket, each to its own address.
+/// Datagrams queued to go out together: each with a tag that names the socket it leaves from,
+/// and an address unless that socket is connected. `send` makes one `sendmmsg` per socket.
 pub struct SendBatch {
     buf: Vec<u8>,
     lens: Vec<usize>,
-    addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
+    tags: Vec<usize>,
+    addrs: Vec<Option<(libc::sockaddr_storage, libc::socklen_t)>>,
+    /// Message indices in the order they are sent: grouped by tag, in queue order within.
+    order: Vec<usize>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     n: usize,
@@ -119,76 +124,104 @@ impl SendBatch {
         SendBatch {
             buf: vec![0; slots * SEND_SLOT],
             lens: vec![0; slots],
-            // SAFETY (all three): all-zero is a valid value of these plain C structs.
-            addrs: vec![(unsafe { zeroed() }, 0); slots],
+            tags: vec![0; slots],
+            addrs: vec![None; slots],
+            order: Vec::with_capacity(slots),
+            // SAFETY (both): all-zero is a valid value of these plain C structs.
             iovs: vec![unsafe { zeroed() }; slots],
             hdrs: vec![unsafe { zeroed() }; slots],
             n: 0,
         }
     }
 
-    /// Queues a copy of `bytes` for `to`; false when the batch is full or `bytes` is larger than
-    /// a slot (send those on their own).
-    pub fn push(&mut self, bytes: &[u8], to: SocketAddr) -> bool {
+    /// Queues a copy of `bytes` to leave from the socket tagged `tag`, for `to` (`None`: the
+    /// socket is connected). Returns the message's index, or `None` when the batch is full or
+    /// `bytes` is larger than a slot (send those on their own).
+    pub fn push(&mut self, bytes: &[u8], to: Option<SocketAddr>, tag: usize) -> Option<usize> {
         if self.n == self.lens.len() || bytes.len() > SEND_SLOT {
-            return false;
+            return None;
         }
-        let start = self.n * SEND_SLOT;
+        let i = self.n;
+        let start = i * SEND_SLOT;
         self.buf[start..start + bytes.len()].copy_from_slice(bytes);
-        self.lens[self.n] = bytes.len();
-        self.addrs[self.n] = to_storage(to);
+        self.lens[i] = bytes.len();
+        self.tags[i] = tag;
+        self.addrs[i] = to.map(to_storage);
         self.n += 1;
-        true
+        Some(i)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
+    pub fn is_full(&self) -> bool {
+        self.n == self.lens.len()
     }
 
-    /// Sends everything queued from `socket` and empties the batch. A datagram the kernel
-    /// refuses (a full send buffer, a bad address) is dropped like any lost datagram; the
-    /// client asks again.
-    pub fn send(&mut self, socket: RawFd) {
+    /// Sends everything queued and empties the batch, from socket `socket(tag)`. A datagram the
+    /// kernel refuses (a full send buffer, an ICMP error reported now) is skipped and given to
+    /// `refused` with its index and the error; the rest still go.
+    pub fn send(
+        &mut self,
+        socket: impl Fn(usize) -> Option<RawFd>,
+        mut refused: impl FnMut(usize, io::Error),
+    ) {
+        let n = std::mem::take(&mut self.n);
+        self.order.clear();
+        self.order.extend(0..n);
+        let tags = &self.tags;
+        self.order.sort_by_key(|&i| tags[i]);
         let base = self.buf.as_mut_ptr();
-        for i in 0..self.n {
-            self.iovs[i] = libc::iovec {
+        for (k, &i) in self.order.iter().enumerate() {
+            self.iovs[k] = libc::iovec {
                 // SAFETY: slot i lies inside `buf` (slots * SEND_SLOT bytes).
                 iov_base: unsafe { base.add(i * SEND_SLOT) }.cast(),
                 iov_len: self.lens[i],
             };
-            let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&mut self.addrs[i].0 as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = self.addrs[i].1;
-            h.msg_iov = &mut self.iovs[i];
+            let h = &mut self.hdrs[k].msg_hdr;
+            (h.msg_name, h.msg_namelen) = match &mut self.addrs[i] {
+                Some((ss, len)) => ((ss as *mut libc::sockaddr_storage).cast(), *len),
+                None => (std::ptr::null_mut(), 0),
+            };
+            h.msg_iov = &mut self.iovs[k];
             h.msg_iovlen = 1;
             h.msg_control = std::ptr::null_mut();
             h.msg_controllen = 0;
             h.msg_flags = 0;
         }
-        let mut done = 0;
-        while done < self.n {
-            // SAFETY: headers done..n point at memory of this batch that outlives the call.
-            let sent = unsafe {
-                libc::sendmmsg(
-                    socket,
-                    self.hdrs.as_mut_ptr().add(done),
-                    (self.n - done) as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if sent < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+        let mut k = 0;
+        while k < n {
+            let tag = self.tags[self.order[k]];
+            let end = k + self.order[k..]
+                .iter()
+                .take_while(|&&i| self.tags[i] == tag)
+                .count();
+            let Some(fd) = socket(tag) else {
+                for &i in &self.order[k..end] {
+                    refused(i, io::Error::from(io::ErrorKind::NotConnected));
                 }
-                // The first remaining datagram failed: skip it, send the rest.
-                tracing::debug!(error = %e, "UDP send error");
-                done += 1;
-            } else {
-                done += sent as usize;
+                k = end;
+                continue;
+            };
+            while k < end {
+                // SAFETY: headers k..end point at memory of this batch that outlives the call.
+                let sent = unsafe {
+                    libc::sendmmsg(
+                        fd,
+                        self.hdrs.as_mut_ptr().add(k),
+                        (end - k) as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if sent < 0 {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        // The first remaining datagram failed: skip it, send the rest.
+                        refused(self.order[k], e);
+                        k += 1;
+                    }
+                } else {
+                    k += sent as usize;
+                }
             }
         }
-        self.n = 0;
     }
 }
 
@@ -280,18 +313,38 @@ mod tests {
         assert_eq!(recv.recv(&rx).unwrap(), 2);
         assert!(!recv.full());
 
-        let mut send = SendBatch::new(2);
-        assert!(send.push(b"one", a.local_addr().unwrap()));
-        assert!(send.push(b"two", a.local_addr().unwrap()));
-        assert!(!send.push(b"three", a.local_addr().unwrap()), "full");
-        send.send(rx.as_raw_fd());
-        assert!(send.is_empty());
-        assert!(!send.push(&[0; SEND_SLOT + 1], a.local_addr().unwrap()));
+        // Grouped by socket, in queue order within each; a connected socket needs no address.
+        let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+        c.connect(a.local_addr().unwrap()).unwrap();
+        let mut send = SendBatch::new(4);
+        let to_a = Some(a.local_addr().unwrap());
+        assert_eq!(send.push(b"one", to_a, 0), Some(0));
+        assert_eq!(send.push(b"uno", None, 1), Some(1));
+        assert_eq!(send.push(b"two", to_a, 0), Some(2));
+        assert_eq!(send.push(b"lost", None, 2), Some(3));
+        assert!(send.is_full());
+        assert_eq!(send.push(b"five", to_a, 0), None, "full");
+        let mut refused = Vec::new();
+        let fds = [rx.as_raw_fd(), c.as_raw_fd()];
+        send.send(|tag| fds.get(tag).copied(), |i, _| refused.push(i));
+        assert_eq!(refused, [3], "tag 2 has no socket");
+        assert!(!send.is_full());
+        assert_eq!(send.push(&[0; SEND_SLOT + 1], to_a, 0), None);
         let mut buf = [0u8; 16];
-        for want in [b"one", b"two"] {
-            let n = a.recv(&mut buf).unwrap();
-            assert_eq!(&buf[..n], want);
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let (n, from) = a.recv_from(&mut buf).unwrap();
+            got.push((buf[..n].to_vec(), from));
         }
+        let (rx_at, c_at) = (rx.local_addr().unwrap(), c.local_addr().unwrap());
+        assert_eq!(
+            got,
+            [
+                (b"one".to_vec(), rx_at),
+                (b"two".to_vec(), rx_at),
+                (b"uno".to_vec(), c_at)
+            ]
+        );
 
         // Loopback delivers within the send, so the datagram is already queued.
         let rx6 = UdpSocket::bind("[::1]:0").unwrap();

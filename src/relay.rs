@@ -46,6 +46,9 @@ const STOP_TOKEN: u64 = u64::MAX;
 const MAILBOX_TOKEN: u64 = u64::MAX - 1;
 const LISTENER_TOKEN: u64 = 0;
 const FIRST_UPSTREAM: u64 = 1;
+/// The tag of the listener in the send batch; upstream sockets are tagged with their index in
+/// `Shell::sockets`. Sorted last, so the queries of a flush leave before its replies.
+const LISTENER_TAG: usize = usize::MAX;
 
 /// Tells the relay threads to stop: an eventfd in each thread's epoll set, so a sleeping thread
 /// wakes at once (LocalDNS is waiting for the port). Once written it stays readable.
@@ -105,8 +108,12 @@ struct Shell {
     tcp: Arc<UpstreamSide>,
     stats: Arc<ListenerStats>,
     clients: HashMap<ConnId, mpsc::Sender<Vec<u8>>>,
-    /// Replies to UDP clients, sent together at the end of each flush.
-    replies: SendBatch,
+    /// UDP datagrams sent together at the end of each flush, and the try each upstream one is
+    /// for (by its index in the batch).
+    out: SendBatch,
+    out_legs: Vec<Option<Leg>>,
+    /// What the last batch could not send: (index in the batch, why).
+    refused: Vec<(usize, io::Error)>,
     failed: Vec<(Leg, Failure)>,
     log: EventLog,
 }
@@ -144,7 +151,9 @@ pub fn run(relay: Relay) {
         tcp,
         stats,
         clients: HashMap::new(),
-        replies: SendBatch::new(BATCH),
+        out: SendBatch::new(BATCH),
+        out_legs: vec![None; BATCH],
+        refused: Vec::new(),
         failed: Vec::new(),
         log: EventLog::default(),
     };
@@ -354,22 +363,17 @@ impl Shell {
         }
     }
 
-    /// Sends everything the engine has queued; sends that fail go back in as failures, which may
-    /// queue more.
+    /// Sends everything the engine has queued: UDP datagrams together at the end (one
+    /// `sendmmsg` per socket), TCP ones at once. Sends that fail go back in as failures, which
+    /// may queue more.
     fn flush(&mut self, engine: &mut Engine) {
         loop {
             while let Some(t) = engine.poll_transmit() {
                 match t.dest {
                     Dest::Client(Client::Udp(to)) => {
                         self.stats.response(Transport::Udp, t.bytes);
-                        if let Some(l) = &self.listener {
-                            if !self.replies.push(t.bytes, to) {
-                                self.replies.send(l.as_raw_fd());
-                                if !self.replies.push(t.bytes, to) {
-                                    // Larger than a batch slot: on its own.
-                                    let _ = l.send_to(t.bytes, to);
-                                }
-                            }
+                        if self.listener.is_some() {
+                            self.queue_udp(t.bytes, Some(to), LISTENER_TAG, None);
                         }
                     }
                     Dest::Client(Client::Tcp(conn)) => {
@@ -379,19 +383,16 @@ impl Shell {
                         }
                     }
                     Dest::Upstream(leg) => match leg.via {
-                        // A full send queue is congestion here, not a fault of the upstream: the
-                        // datagram is lost like any other and the try's timer moves the query on.
                         Via::Udp { socket } => {
-                            let up = self
+                            let index = self
                                 .by_upstream
                                 .get(&leg.to)
                                 .and_then(|slots| slots.get(socket))
-                                .and_then(|&i| self.sockets[i].as_ref());
-                            match up.map(|up| up.socket.send(t.bytes)) {
+                                .copied()
+                                .filter(|&i| self.sockets[i].is_some());
+                            match index {
+                                Some(i) => self.queue_udp(t.bytes, None, i, Some(leg)),
                                 None => self.failed.push((leg, Failure::NoSocket)),
-                                Some(Ok(_)) => {}
-                                Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
-                                Some(Err(e)) => self.failed.push((leg, Failure::from_io(&e))),
                             }
                         }
                         Via::Tcp => {
@@ -407,10 +408,8 @@ impl Shell {
             while let Some(event) = engine.poll_event() {
                 self.log.event(event, Instant::now());
             }
+            self.send_udp();
             if self.failed.is_empty() {
-                if let (false, Some(l)) = (self.replies.is_empty(), &self.listener) {
-                    self.replies.send(l.as_raw_fd());
-                }
                 return;
             }
             let now = Instant::now();
@@ -418,6 +417,67 @@ impl Shell {
                 engine.handle_failure(now, leg, failure);
             }
         }
+    }
+
+    /// Queues a datagram for `send_udp`, from the listener (`LISTENER_TAG`, to a client) or from
+    /// upstream socket `tag` (for `leg`); sends the queue first when it is full.
+    fn queue_udp(&mut self, bytes: &[u8], to: Option<SocketAddr>, tag: usize, leg: Option<Leg>) {
+        if self.out.is_full() {
+            self.send_udp();
+        }
+        match self.out.push(bytes, to, tag) {
+            Some(i) => self.out_legs[i] = leg,
+            // Larger than a batch slot: on its own.
+            None => {
+                let result = match (to, self.socket(tag)) {
+                    (Some(to), Some(socket)) => socket.send_to(bytes, to),
+                    (None, Some(socket)) => socket.send(bytes),
+                    (_, None) => return,
+                };
+                if let (Err(e), Some(leg)) = (result, leg) {
+                    self.refused(leg, &e);
+                }
+            }
+        }
+    }
+
+    fn send_udp(&mut self) {
+        let (listener, sockets, refused) = (&self.listener, &self.sockets, &mut self.refused);
+        self.out.send(
+            |tag| udp_socket(listener, sockets, tag).map(AsRawFd::as_raw_fd),
+            |i, e| refused.push((i, e)),
+        );
+        for (i, e) in std::mem::take(&mut self.refused) {
+            match self.out_legs[i] {
+                Some(leg) => self.refused(leg, &e),
+                None => tracing::debug!(error = %e, "cannot send a reply to a UDP client"),
+            }
+        }
+    }
+
+    /// A full send queue is congestion here, not a fault of the upstream: the datagram is lost
+    /// like any other and the try's timer moves the query on.
+    fn refused(&mut self, leg: Leg, e: &io::Error) {
+        if e.kind() != io::ErrorKind::WouldBlock {
+            self.failed.push((leg, Failure::from_io(e)));
+        }
+    }
+
+    fn socket(&self, tag: usize) -> Option<&UdpSocket> {
+        udp_socket(&self.listener, &self.sockets, tag)
+    }
+}
+
+/// The socket a send-batch tag names.
+fn udp_socket<'a>(
+    listener: &'a Option<UdpSocket>,
+    sockets: &'a [Option<UpstreamSocket>],
+    tag: usize,
+) -> Option<&'a UdpSocket> {
+    if tag == LISTENER_TAG {
+        listener.as_ref()
+    } else {
+        sockets.get(tag)?.as_ref().map(|up| &up.socket)
     }
 }
 
