@@ -3,8 +3,8 @@
 //! finds the queue empty; `sendmmsg` sends what a flush has for one socket at once: the replies to
 //! many clients, the queries to one upstream.
 //!
-//! The message headers point into the batch's own buffers; they are rewritten before every call,
-//! so nothing depends on where the batch itself lives.
+//! The message headers point into the batch's own heap buffers (never where the batch itself
+//! lives, so moving it is safe).
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -33,7 +33,7 @@ pub struct RecvBatch {
 
 impl RecvBatch {
     pub fn new(slots: usize) -> RecvBatch {
-        RecvBatch {
+        let mut b = RecvBatch {
             buf: vec![0; slots * RECV_SLOT],
             lens: vec![0; slots],
             // SAFETY (all three): all-zero is a valid value of these plain C structs.
@@ -41,37 +41,39 @@ impl RecvBatch {
             iovs: vec![unsafe { zeroed() }; slots],
             hdrs: vec![unsafe { zeroed() }; slots],
             n: 0,
+        };
+        // The headers point into the batch's own heap buffers, which never move or resize, so
+        // they are set once here; a read resets only what the kernel wrote back.
+        let base = b.buf.as_mut_ptr();
+        for i in 0..slots {
+            b.iovs[i] = libc::iovec {
+                // SAFETY: slot i lies inside `buf` (slots * RECV_SLOT bytes).
+                iov_base: unsafe { base.add(i * RECV_SLOT) }.cast(),
+                iov_len: RECV_SLOT,
+            };
+            let h = &mut b.hdrs[i].msg_hdr;
+            h.msg_name = (&mut b.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut b.iovs[i];
+            h.msg_iovlen = 1;
         }
+        b
     }
 
     /// Reads what `socket` has queued, without waiting. `Ok(0)` when nothing is queued; an
     /// error only when nothing was read (the kernel reports a later one on the next call).
     pub fn recv(&mut self, socket: &impl AsRawFd) -> io::Result<usize> {
-        self.n = 0;
-        let slots = self.lens.len();
-        let base = self.buf.as_mut_ptr();
-        for i in 0..slots {
-            self.iovs[i] = libc::iovec {
-                // SAFETY: slot i lies inside `buf` (slots * RECV_SLOT bytes).
-                iov_base: unsafe { base.add(i * RECV_SLOT) }.cast(),
-                iov_len: RECV_SLOT,
-            };
-            let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut self.iovs[i];
-            h.msg_iovlen = 1;
-            h.msg_control = std::ptr::null_mut();
-            h.msg_controllen = 0;
-            h.msg_flags = 0;
+        for h in &mut self.hdrs[..self.n] {
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         }
-        // SAFETY: `hdrs` holds `slots` headers, each pointing at memory of this batch that
-        // outlives the call.
+        self.n = 0;
+        // SAFETY: `hdrs` holds `lens.len()` headers, each pointing at heap memory of this batch
+        // that outlives the call.
         let got = unsafe {
             libc::recvmmsg(
                 socket.as_raw_fd(),
                 self.hdrs.as_mut_ptr(),
-                slots as libc::c_uint,
+                self.lens.len() as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
