@@ -5,9 +5,10 @@
 //!
 //! A datagram is read, decided on and sent by this one thread, with no channel or task in
 //! between: per-packet hand-offs between threads were measured as the real cost of a relay. The
-//! thread waits in epoll for whichever sockets are readable, drains each of them, runs the
-//! engine's timers and waits again: plain non-blocking syscalls, since an async runtime would
-//! learn of new datagrams only when its reactor next runs (a wake-up and a hand-off per burst).
+//! thread waits in epoll for whichever sockets are readable, reads what each has queued (one
+//! `recvmmsg`), runs the engine's timers and waits again; what the engine queued meanwhile leaves
+//! in one `sendmmsg` per socket. Plain non-blocking syscalls, since an async runtime would learn
+//! of new datagrams only when its reactor next runs (a wake-up and a hand-off per burst).
 
 use std::collections::HashMap;
 use std::io;
