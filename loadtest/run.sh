@@ -334,7 +334,7 @@ check_forwarding() {
 }
 
 # ---------------------------------------------------------------- the systems under test
-all_systems=(direct kernel-dnat bare-relay dnsdist dnsdist-cache dnsmasq unbound localdns-fallback localdns-fallback-1thread localdns-fallback-cache)
+all_systems=(direct kernel-dnat bare-relay dnsdist dnsdist-cache dnsmasq unbound localdns-fallback localdns-fallback-2threads localdns-fallback-cache)
 
 # available SYSTEM: empty if it can run here, else why not.
 available() {
@@ -345,7 +345,7 @@ available() {
         dnsmasq) command -v dnsmasq >/dev/null || echo "dnsmasq is not installed (--install)" ;;
         unbound) command -v unbound >/dev/null || echo "unbound is not installed (--install)" ;;
         localdns-fallback) ;;
-        localdns-fallback-1thread) grep -q -- --udp-threads <<<"$lf_help" || echo "this build has no --udp-threads flag" ;;
+        localdns-fallback-2threads) grep -q -- --udp-threads <<<"$lf_help" || echo "this build has no --udp-threads flag" ;;
         localdns-fallback-cache) ((lf_has_cache)) || echo "this build has no --cache-size flag yet" ;;
         *) echo "unknown system (known: ${all_systems[*]})" ;;
     esac
@@ -451,13 +451,13 @@ CONF
             } >"$conf"
             ip netns exec "$node" unbound -d -c "$conf" >"$dir/log" 2>&1 9<&- &
             sys_pid=$! ;;
-        localdns-fallback|localdns-fallback-1thread|localdns-fallback-cache)
+        localdns-fallback|localdns-fallback-2threads|localdns-fallback-cache)
             local args=(--node-listen 169.254.10.10:53 --cluster-listen 169.254.10.11:53
                         --node-upstream 198.18.1.2:53 --log-level warn)
             for k in $(seq "$n"); do args+=(--cluster-upstream "198.18.$k.2:53"); done
             if [[ $sys != localdns-fallback-cache ]] && ((lf_has_cache)); then args+=(--cache-size 0); fi
-            # The scaling row: the same forwarder with one relay thread per listener.
-            if [[ $sys == localdns-fallback-1thread ]]; then args+=(--udp-threads 1); fi
+            # The scaling row: the same forwarder with two relay threads per listener.
+            if [[ $sys == localdns-fallback-2threads ]]; then args+=(--udp-threads 2); fi
             # Extra flags to try (--lf-args), split on spaces.
             if [[ -n $lf_args ]]; then read -r -a extra_lf <<<"$lf_args"; args+=("${extra_lf[@]}"); fi
             ip netns exec "$node" "$lf" "${args[@]}" >"$dir/log" 2>&1 9<&- &

@@ -113,7 +113,7 @@ impl Default for Config {
             tcp_idle_timeout: Duration::from_secs(10),
             upstream_sockets: 8,
             // Measured on 2 cores shared with the load's generator and upstream (the harness's
-            // localdns-fallback-1thread row): a second thread costs 1.3-1.6x the CPU per query
+            // localdns-fallback-2threads row): a second thread costs 1.3-1.6x the CPU per query
             // (smaller batches, twice the wake-ups) and relays more only when a core is idle.
             // More pay on a node with free cores (see README, Speed).
             udp_threads: 1,
