@@ -19,7 +19,7 @@ Serves the node listener (--node-listen) and the cluster listener (--cluster-lis
 TCP. The cluster listener relays every name to the kube-dns servers; the node listener relays
 names under --cluster-domain to the kube-dns servers and every other name to the VNet DNS servers.
 Upstreams not given by flags are discovered from the node and followed while serving: the VNet DNS
-from --resolv-conf, kube-dns backends from kube-proxy's rules or Cilium.
+from --resolv-conf (or the DHCP leases while it names none), kube-dns backends from kube-proxy's rules or Cilium.
 
 FLAGS:
     --node-listen ADDR          node listener [default: 169.254.10.10:53]
@@ -29,6 +29,8 @@ FLAGS:
     --cluster-upstream ADDR     a kube-dns server; repeat for several [default: discovered]
     --resolv-conf PATH          where the VNet DNS servers are listed
                                 [default: /run/systemd/resolve/resolv.conf]
+    --dhcp-leases DIR           systemd-networkd's DHCP leases: the VNet DNS while --resolv-conf
+                                lists none; none turns them off [default: /run/systemd/netif/leases]
     --discovery LIST            where to look for kube-dns, in order, comma-separated, or none
                                 [default: iptables,nftables,ipvs,cilium,cluster-ip]
     --kube-dns-service NS/NAME  the service whose backends are kube-dns [default: kube-system/kube-dns]
@@ -211,6 +213,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
                 )
             }
             "--resolv-conf" => config.discovery.resolv_conf = value()?.into(),
+            "--dhcp-leases" => {
+                let v = value()?;
+                config.discovery.dhcp_leases = (v != "none").then(|| v.into());
+            }
             "--discovery" => {
                 config.discovery.sources =
                     Source::parse_list(&value()?).map_err(|e| format!("--discovery: {e}"))?
@@ -463,10 +469,22 @@ mod tests {
             "/tmp/c.sock",
             "--rediscover-interval",
             "2s",
+            "--dhcp-leases",
+            "/tmp/l",
         ])
         .unwrap();
         let d = &c.discovery;
         assert_eq!(d.resolv_conf, std::path::Path::new("/tmp/r"));
+        assert_eq!(
+            d.dhcp_leases.as_deref(),
+            Some(std::path::Path::new("/tmp/l"))
+        );
+        let off = run(&["--dhcp-leases", "none"]).unwrap();
+        assert_eq!(off.discovery.dhcp_leases, None);
+        assert_eq!(
+            run(&[]).unwrap().discovery.dhcp_leases.as_deref(),
+            Some(std::path::Path::new("/run/systemd/netif/leases"))
+        );
         assert_eq!(d.sources, [Source::Cilium, Source::ClusterIp]);
         assert_eq!(d.service.to_string(), "dns/coredns");
         assert_eq!(d.cluster_ip, Some("10.0.0.10".parse().unwrap()));

@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::cli::Config;
-use crate::discover::{explain, find_kube_dns, resolv_conf};
+use crate::discover::{explain, find_kube_dns, leases, resolv_conf};
 
 /// One group's upstreams, where they came from, and why there are none if so.
 #[derive(Debug)]
@@ -38,30 +38,7 @@ pub fn gather(config: &Config) -> Report {
             problem: None,
         }
     } else {
-        let source = format!("resolv.conf {}", d.resolv_conf.display());
-        match resolv_conf::read(
-            &d.resolv_conf,
-            &[config.node_listen.ip(), config.cluster_listen.ip()],
-        ) {
-            Ok(upstreams) if upstreams.is_empty() => Found {
-                upstreams,
-                problem: Some(format!(
-                    "{} lists no VNet DNS server",
-                    d.resolv_conf.display()
-                )),
-                source,
-            },
-            Ok(upstreams) => Found {
-                upstreams,
-                source,
-                problem: None,
-            },
-            Err(e) => Found {
-                upstreams: Vec::new(),
-                source,
-                problem: Some(e),
-            },
-        }
+        vnet_dns(config)
     };
     let (kube_dns, cluster_ip) = if !config.cluster_upstreams.is_empty() {
         let f = Found {
@@ -87,6 +64,53 @@ pub fn gather(config: &Config) -> Report {
         vnet_dns,
         kube_dns,
         cluster_ip,
+    }
+}
+
+/// The VNet DNS as the daemon takes it up at start: resolv.conf's servers, else the DHCP leases'.
+fn vnet_dns(config: &Config) -> Found {
+    let d = &config.discovery;
+    let skip = [config.node_listen.ip(), config.cluster_listen.ip()];
+    let source = format!("resolv.conf {}", d.resolv_conf.display());
+    let why = match resolv_conf::read(&d.resolv_conf, &skip) {
+        Ok(upstreams) if !upstreams.is_empty() => {
+            return Found {
+                upstreams,
+                source,
+                problem: None,
+            };
+        }
+        Ok(_) => format!("{} lists no VNet DNS server", d.resolv_conf.display()),
+        Err(e) => e,
+    };
+    let Some(dir) = &d.dhcp_leases else {
+        return Found {
+            upstreams: Vec::new(),
+            source,
+            problem: Some(format!(
+                "{why}; the DHCP leases are not used (--dhcp-leases none)"
+            )),
+        };
+    };
+    match leases::read(dir, &skip) {
+        Ok(upstreams) if !upstreams.is_empty() => Found {
+            upstreams,
+            source: format!("DHCP leases {}, while {why}", dir.display()),
+            problem: None,
+        },
+        Ok(_) => Found {
+            upstreams: Vec::new(),
+            source,
+            problem: Some(format!(
+                "{why}; {} name no DNS server either",
+                dir.display()
+            )),
+        },
+        Err(e) => Found {
+            upstreams: Vec::new(),
+            source,
+            problem: Some(format!("{why}; {e}")),
+        },
     }
 }
 

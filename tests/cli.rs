@@ -56,6 +56,7 @@ fn help_lists_every_flag_and_version_prints() {
         "--bind-timeout",
         "--log-level",
         "--resolv-conf",
+        "--dhcp-leases",
         "--discovery",
         "--kube-dns-service",
         "--cluster-ip",

@@ -81,7 +81,7 @@ ip netns exec "$node" iptables-restore <<'RULES'
 -A KUBE-SEP-IT2ZTR26TO4XFPTO -p udp -m comment --comment "kube-system/kube-dns:dns" -m udp -j DNAT --to-destination 10.244.0.5:53
 COMMIT
 RULES
-flags=(--resolv-conf "$work/resolv.conf" --discovery iptables)
+flags=(--resolv-conf "$work/resolv.conf" --dhcp-leases none --discovery iptables)
 echo "== what it finds on the node"
 echo "\$ localdns-fallback discover"
 ip netns exec "$node" "$bin" discover "${flags[@]}"

@@ -175,11 +175,13 @@ COMMIT
     assert_eq!(found.cluster_ip, Some("fd00:10:96::a".parse().unwrap()));
 }
 
-/// The daemon in a node namespace with no upstream flags: VNet DNS from a resolv.conf the test
-/// rewrites, kube-dns from iptables rules the test rewrites.
+/// The daemon in a node namespace with no upstream flags: VNet DNS from a resolv.conf and DHCP
+/// lease directory the test rewrites (never the host's), kube-dns from iptables rules the test
+/// rewrites.
 struct Discovering {
     topo: Topology,
     resolv: TempDir,
+    leases: TempDir,
     fwd: Option<Forwarder>,
 }
 
@@ -189,6 +191,7 @@ impl Discovering {
         Discovering {
             topo: Topology::new(),
             resolv: TempDir::new("resolv"),
+            leases: TempDir::new("leases"),
             fwd: None,
         }
     }
@@ -204,10 +207,41 @@ impl Discovering {
         std::fs::rename(&tmp, self.resolv_path()).unwrap();
     }
 
+    fn leases_path(&self) -> String {
+        self.leases.path().display().to_string()
+    }
+
+    /// Writes the lease of interface `ifindex` as systemd-networkd does: a temporary file renamed
+    /// over the old one.
+    fn write_lease(&self, ifindex: u32, text: &str) {
+        let tmp = self.leases.path().join(format!(".#{ifindex}tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.leases.path().join(ifindex.to_string())).unwrap();
+    }
+
+    /// `localdns-fallback discover ARGS` in the node namespace, with this rig's lease directory.
+    fn discover(&self, args: &[&str]) -> (Option<i32>, String) {
+        let leases = self.leases_path();
+        let mut all = vec!["discover", "--dhcp-leases", &leases];
+        all.extend_from_slice(args);
+        let out = self
+            .topo
+            .node
+            .exec(forwarder_binary(), all)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
     fn start(&mut self, extra: &[&str]) {
         let mut args = vec![
             "--resolv-conf".to_string(),
             self.resolv_path(),
+            "--dhcp-leases".to_string(),
+            self.leases_path(),
             "--discovery".into(),
             "iptables".into(),
         ];
@@ -282,6 +316,102 @@ fn follows_resolv_conf_from_the_startup_race_to_the_real_servers() {
     assert_eq!(
         d.dig("169.254.10.10", "uncached.example.com").answers,
         ["198.51.100.7"]
+    );
+}
+
+/// While resolv.conf names only our own listener (LocalDNS's networkd drop-in is still in place,
+/// as at every takeover), the VNet DNS comes from systemd-networkd's DHCP lease, which keeps the
+/// offered servers whatever the drop-in says; resolv.conf's servers win once it names some, and
+/// are kept when it goes back to naming only our listener.
+#[test]
+fn takes_the_vnet_dns_from_the_dhcp_lease_while_resolv_conf_names_none() {
+    let mut d = Discovering::new();
+    let offered = d.topo.add_upstream_ns(true, false);
+    let configured = d.topo.add_upstream_ns(true, false);
+    let _offered = Responder::start(
+        &offered.ns,
+        offered.sock_v4(),
+        Mode::Normal {
+            answer_v4: Ipv4Addr::new(198, 51, 100, 7),
+        },
+    );
+    let _configured = Responder::start(
+        &configured.ns,
+        configured.sock_v4(),
+        Mode::Normal {
+            answer_v4: Ipv4Addr::new(198, 51, 100, 8),
+        },
+    );
+    d.write_resolv("nameserver 169.254.10.10\nsearch example.internal\n");
+    // No lease yet (networkd not up, or a static node): external names get SERVFAIL at once...
+    d.start(&[]);
+    let early = d.dig("169.254.10.10", "www.example.com");
+    assert_eq!(early.status, "SERVFAIL", "{}", early.raw);
+    // ...until the lease names a server; one of another link (no DNS=) changes nothing.
+    d.write_lease(
+        1,
+        "# This is private data. Do not parse.\nADDRESS=10.9.0.4\n",
+    );
+    d.write_lease(
+        2,
+        &format!(
+            "# This is private data. Do not parse.\nADDRESS=10.224.0.4\nNETMASK=255.255.0.0\n\
+             ROUTER=10.224.0.1\nSERVER_ADDRESS=168.63.129.16\nDNS=169.254.10.10 {}\n\
+             DOMAINNAME=abc.internal.cloudapp.net\n",
+            offered.v4.unwrap()
+        ),
+    );
+    let leased = Instant::now();
+    let answered = poll_until(Duration::from_secs(5), || {
+        let r = d.dig("169.254.10.10", "www.example.com");
+        (r.answers == ["198.51.100.7"]).then(|| leased.elapsed())
+    });
+    let logs = d.fwd.as_ref().unwrap().logs();
+    let took = answered.unwrap_or_else(|| panic!("the lease's server is not used; logs:\n{logs}"));
+    eprintln!("DHCP lease taken up {took:?} after it was written");
+    assert!(logs.contains("source=\"DHCP leases "), "{logs}");
+    let (code, text) = d.discover(&["--resolv-conf", &d.resolv_path(), "--discovery", "none"]);
+    assert_eq!(code, Some(1), "no kube-dns: {text}");
+    assert!(
+        text.contains(&format!(
+            "{}:53  (from DHCP leases {}, while {} lists no VNet DNS server)",
+            offered.v4.unwrap(),
+            d.leases_path(),
+            d.resolv_path()
+        )),
+        "{text}"
+    );
+    let (_, text) = d.discover(&["--resolv-conf", &d.resolv_path(), "--dhcp-leases", "none"]);
+    assert!(
+        text.contains("NONE:") && text.contains("not used"),
+        "{text}"
+    );
+
+    // networkd's reload lands: resolv.conf names the node's configured server, which wins.
+    d.write_resolv(&format!("nameserver {}\n", configured.v4.unwrap()));
+    let mut polls = 0;
+    let switched = poll_until(Duration::from_secs(5), || {
+        // A new name each time: the lease server's cached answers are rightly kept.
+        polls += 1;
+        let name = format!("poll{polls}.example.com");
+        (d.dig("169.254.10.10", &name).answers == ["198.51.100.8"]).then_some(())
+    });
+    assert!(
+        switched.is_some(),
+        "resolv.conf wins over the lease; logs:\n{}",
+        d.fwd.as_ref().unwrap().logs()
+    );
+    // LocalDNS's drop-in back: resolv.conf's server is kept, not the lease's.
+    d.write_resolv("nameserver 169.254.10.10\n");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        d.dig("169.254.10.10", "again.example.com").answers,
+        ["198.51.100.8"]
+    );
+    let logs = d.fwd.as_ref().unwrap().logs();
+    assert!(
+        logs.contains("keeping the VNet DNS servers found before"),
+        "{logs}"
     );
 }
 
@@ -378,14 +508,7 @@ fn no_backends_anywhere_means_fast_servfail_and_one_explanation() {
 #[test]
 fn the_discover_command_reports_what_it_would_use() {
     let d = Discovering::new();
-    let bin = forwarder_binary();
-    let run = |args: &[&str]| {
-        let out = d.topo.node.exec(bin, args).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| d.discover(&args[1..]);
     let resolv = d.resolv_path();
     d.write_resolv("nameserver 169.254.10.10\n");
     let (code, text) = run(&["discover", "--resolv-conf", &resolv]);

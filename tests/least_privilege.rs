@@ -70,6 +70,8 @@ fn discovering_kube_dns_keeps_only_net_admin_and_net_raw_and_still_reads_iptable
     let args: Vec<String> = [
         "--resolv-conf",
         resolv.to_str().unwrap(),
+        "--dhcp-leases",
+        "none",
         "--discovery",
         "iptables",
         "--rediscover-interval",

@@ -1,21 +1,26 @@
-//! Following the node while serving: re-reads resolv.conf when it changes, looks for kube-dns
-//! every `--rediscover-interval` (and early when upstreams keep failing), and publishes each new
-//! upstream set whole. Workers pick a new set up between datagrams; queries in flight finish
-//! against the set they started with.
+//! Following the node while serving: re-reads resolv.conf when it changes (and the DHCP leases
+//! while it names no VNet DNS), looks for kube-dns every `--rediscover-interval` (and early when
+//! upstreams keep failing), and publishes each new upstream set whole. Workers pick a new set up
+//! between datagrams; queries in flight finish against the set they started with.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 
-use super::{KubeDnsFinding, Settings, explain, find_kube_dns, resolv_conf};
+use super::{KubeDnsFinding, Settings, explain, find_kube_dns, leases, resolv_conf};
 use crate::roles::UpstreamGroup;
 use crate::stats::Counters;
 use crate::upstream::{UpstreamSet, UpstreamSets};
 
 /// How often resolv.conf is checked (a `stat`; read only when it changed).
 const RESOLV_CONF_CHECK: Duration = Duration::from_secs(1);
+/// How often while the node listener has no VNet DNS at all: every external name asked on it
+/// gets SERVFAIL meanwhile, so the real servers are taken up within this of resolv.conf (or a
+/// lease) naming them. A `stat` or two each time.
+const RESOLV_CONF_CHECK_WHILE_NONE: Duration = Duration::from_millis(100);
 /// Upstream failures since the last look that make kube-dns worth looking for again at once:
 /// a backend pod went away and its replacement is probably already in the node's rules.
 const FAILURES_BEFORE_EARLY_LOOK: u64 = 3;
@@ -45,20 +50,14 @@ pub async fn follow(
 ) {
     let settings = Arc::new(settings);
     let mut first_pass = Some(first_pass);
-    let mut resolv_stamp = None;
-    let mut node_said = None::<String>;
+    let mut node = VnetDnsFollower::new(&settings, listeners);
     let mut cluster_said = None::<String>;
     let mut last_look: Option<Instant> = None;
     let mut look_took = Duration::ZERO;
     let mut failures_at_look = 0;
     loop {
         if owned.node {
-            let stamp = resolv_conf::stamp(&settings.resolv_conf);
-            if stamp.is_none() || stamp != resolv_stamp {
-                resolv_stamp = stamp;
-                let found = resolv_conf::read(&settings.resolv_conf, &listeners);
-                node_update(&publish, &metrics, &settings, found, &mut node_said);
-            }
+            node.check(&publish, &metrics);
         }
         if owned.cluster {
             let failures = publish.borrow().kube_dns.failures();
@@ -83,53 +82,145 @@ pub async fn follow(
         if let Some(tx) = first_pass.take() {
             let _ = tx.send(());
         }
+        let next = if owned.node && publish.borrow().vnet_dns.is_empty() {
+            RESOLV_CONF_CHECK_WHILE_NONE
+        } else {
+            RESOLV_CONF_CHECK
+        };
         tokio::select! {
-            _ = tokio::time::sleep(RESOLV_CONF_CHECK) => {}
+            _ = tokio::time::sleep(next) => {}
             _ = stop.changed() => return,
         }
     }
 }
 
-fn node_update(
-    publish: &watch::Sender<Arc<UpstreamSets>>,
-    metrics: &Counters,
-    settings: &Settings,
-    found: Result<Vec<SocketAddr>, String>,
-    said: &mut Option<String>,
-) {
-    let path = settings.resolv_conf.display();
-    match found {
-        Ok(servers) if !servers.is_empty() => {
-            swap(
-                publish,
-                metrics,
-                UpstreamGroup::VnetDns,
-                servers,
-                &format!("resolv.conf {path}"),
-            );
-            *said = None;
+/// Where the VNet DNS servers in force came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VnetDnsSource {
+    ResolvConf,
+    Leases,
+}
+
+/// The VNet DNS side of following: resolv.conf first; the DHCP leases while resolv.conf names
+/// no usable server and none of its servers were ever in force.
+struct VnetDnsFollower {
+    resolv_conf: PathBuf,
+    leases: Option<PathBuf>,
+    /// Our own listener addresses: never an upstream (the loop guard).
+    listeners: Vec<IpAddr>,
+    resolv_stamp: Option<resolv_conf::Stamp>,
+    leases_stamp: Option<resolv_conf::Stamp>,
+    /// Why resolv.conf gives nothing usable right now (`None`: it does).
+    resolv_problem: Option<String>,
+    in_force: Option<VnetDnsSource>,
+    /// The last complaint logged, so each is logged once.
+    said: Option<String>,
+}
+
+impl VnetDnsFollower {
+    fn new(settings: &Settings, listeners: Vec<IpAddr>) -> VnetDnsFollower {
+        VnetDnsFollower {
+            resolv_conf: settings.resolv_conf.clone(),
+            leases: settings.dhcp_leases.clone(),
+            listeners,
+            resolv_stamp: None,
+            leases_stamp: None,
+            resolv_problem: None,
+            in_force: None,
+            said: None,
         }
-        // Keep the last good set: the file lists only our own listener while LocalDNS's drop-in
-        // is being removed, and a missing file is no reason to forget working servers.
-        other => {
-            let why = match other {
-                Err(e) => e,
-                Ok(_) => format!(
-                    "{path} lists no VNet DNS server (only our listeners or loopback stubs)"
-                ),
-            };
-            if said.as_deref() != Some(why.as_str()) {
-                let serving = !publish.borrow().vnet_dns.is_empty();
-                if serving {
-                    tracing::warn!("{why}; keeping the VNet DNS servers found before");
-                } else {
-                    tracing::warn!(
-                        "{why}; the node listener answers SERVFAIL for external names until one appears"
+    }
+
+    /// A `stat` of resolv.conf (and of the lease directory while it is in use); a file is read
+    /// only when it changed or is missing.
+    fn check(&mut self, publish: &watch::Sender<Arc<UpstreamSets>>, metrics: &Counters) {
+        let stamp = resolv_conf::stamp(&self.resolv_conf);
+        let resolv_changed = stamp.is_none() || stamp != self.resolv_stamp;
+        if resolv_changed {
+            self.resolv_stamp = stamp;
+            let path = self.resolv_conf.display();
+            match resolv_conf::read(&self.resolv_conf, &self.listeners) {
+                Ok(servers) if !servers.is_empty() => {
+                    swap(
+                        publish,
+                        metrics,
+                        UpstreamGroup::VnetDns,
+                        servers,
+                        &format!("resolv.conf {path}"),
                     );
+                    self.in_force = Some(VnetDnsSource::ResolvConf);
+                    self.resolv_problem = None;
+                    self.said = None;
+                    return;
                 }
-                *said = Some(why);
+                Err(e) => self.resolv_problem = Some(e),
+                Ok(_) => {
+                    self.resolv_problem = Some(format!(
+                        "{path} lists no VNet DNS server (only our listeners or loopback stubs)"
+                    ))
+                }
             }
         }
+        let Some(why) = self.resolv_problem.clone() else {
+            return;
+        };
+        // Servers resolv.conf named are kept over the leases: the file lists only our own
+        // listener while LocalDNS's drop-in is in place, and a missing file is no reason to
+        // forget working servers; it holds what the node is configured to use.
+        if self.in_force == Some(VnetDnsSource::ResolvConf) {
+            self.say(
+                tracing::Level::WARN,
+                format!("{why}; keeping the VNet DNS servers found before"),
+            );
+            return;
+        }
+        let leases_said = match &self.leases {
+            None => "the DHCP leases are not used (--dhcp-leases none)".to_string(),
+            Some(dir) => {
+                // networkd replaces a lease by a rename, which changes the directory's stamp.
+                let stamp = resolv_conf::stamp(dir);
+                if !resolv_changed && stamp.is_some() && stamp == self.leases_stamp {
+                    return;
+                }
+                self.leases_stamp = stamp;
+                let source = format!("DHCP leases {}", dir.display());
+                match leases::read(dir, &self.listeners) {
+                    Ok(servers) if !servers.is_empty() => {
+                        swap(publish, metrics, UpstreamGroup::VnetDns, servers, &source);
+                        self.in_force = Some(VnetDnsSource::Leases);
+                        self.say(
+                            tracing::Level::INFO,
+                            format!("{why}; using the VNet DNS servers of the {source} meanwhile"),
+                        );
+                        return;
+                    }
+                    Ok(_) => format!("{} name no DNS server either", dir.display()),
+                    Err(e) => e,
+                }
+            }
+        };
+        let serving = !publish.borrow().vnet_dns.is_empty();
+        let then = if serving {
+            "keeping the VNet DNS servers found before"
+        } else {
+            "the node listener answers SERVFAIL for external names until one appears"
+        };
+        self.say(
+            tracing::Level::WARN,
+            format!("{why}; {leases_said}; {then}"),
+        );
+    }
+
+    fn say(&mut self, level: tracing::Level, what: String) {
+        if self.said.as_deref() == Some(what.as_str()) {
+            return;
+        }
+        if level == tracing::Level::INFO {
+            tracing::info!("{what}");
+        } else {
+            tracing::warn!("{what}");
+        }
+        self.said = Some(what);
     }
 }
 

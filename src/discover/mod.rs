@@ -10,6 +10,7 @@ pub mod cilium;
 pub mod follow;
 pub mod iptables;
 pub mod ipvs;
+pub mod leases;
 pub mod nftables;
 pub mod resolv_conf;
 pub mod tool;
@@ -103,6 +104,9 @@ impl Source {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub resolv_conf: PathBuf,
+    /// systemd-networkd's DHCP lease directory: the VNet DNS while resolv.conf lists none
+    /// (`None`: not used).
+    pub dhcp_leases: Option<PathBuf>,
     pub sources: Vec<Source>,
     pub service: ServiceName,
     pub cluster_ip: Option<IpAddr>,
@@ -115,6 +119,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             resolv_conf: resolv_conf::DEFAULT_PATH.into(),
+            dhcp_leases: Some(leases::DEFAULT_DIR.into()),
             sources: Source::ALL.to_vec(),
             service: ServiceName::default(),
             cluster_ip: None,

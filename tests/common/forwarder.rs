@@ -35,11 +35,12 @@ impl Forwarder {
     /// `("RUST_LOG", "debug")`).
     pub fn spawn_with_env(ns: &Netns, args: &[String], env: &[(&str, &str)]) -> Forwarder {
         // Network rule: the forwarder must never discover the VNet DNS from the host's own
-        // resolv.conf (it names this machine's real DNS servers).
+        // resolv.conf or DHCP leases (they name this machine's real DNS servers; `ip netns exec`
+        // keeps the host's /run).
+        let has = |flag: &str| args.iter().any(|a| a == flag);
         assert!(
-            args.iter()
-                .any(|a| a == "--node-upstream" || a == "--resolv-conf"),
-            "a test forwarder needs --node-upstream or --resolv-conf: {args:?}"
+            has("--node-upstream") || (has("--resolv-conf") && has("--dhcp-leases")),
+            "a test forwarder needs --node-upstream, or --resolv-conf with --dhcp-leases: {args:?}"
         );
         let mut cmd = ns.exec(forwarder_binary(), args);
         cmd.envs(env.iter().copied());

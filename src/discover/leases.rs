@@ -1,0 +1,166 @@
+//! The VNet DNS servers as DHCP offered them: the `DNS=` lines of systemd-networkd's lease files
+//! (`/run/systemd/netif/leases/<ifindex>`).
+//!
+//! resolv.conf names only `169.254.10.10` while LocalDNS's networkd drop-in (`DNS=169.254.10.10`,
+//! `UseDNS=false`) is in place, and for a moment after LocalDNS removed it (its `networkctl
+//! reload` lands late): exactly when the fallback takes over. networkd writes the lease as the
+//! DHCP server sent it, whatever `UseDNS=` says, so the lease still names the VNet DNS then.
+//! resolv.conf stays the first source (it holds what the node is configured to use, static
+//! servers included); the leases stand in while it lists nothing usable.
+//!
+//! The file is networkd's own key=value state, the same shape from systemd 2xx through 257
+//! (`sd-dhcp-lease.c`, `dhcp_lease_save`):
+//!
+//! ```text
+//! # This is private data. Do not parse.
+//! ADDRESS=10.224.0.4
+//! NETMASK=255.255.0.0
+//! ROUTER=10.224.0.1
+//! SERVER_ADDRESS=168.63.129.16
+//! DNS=168.63.129.16
+//! DOMAINNAME=abc123.bx.internal.cloudapp.net
+//! ```
+//!
+//! Only `DNS=` is read, defensively: anything else, or a file that is not of that shape, yields
+//! nothing rather than an error.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+pub const DEFAULT_DIR: &str = "/run/systemd/netif/leases";
+
+/// The servers of one lease file's `DNS=` line, in order, without loopback, unspecified or our
+/// own listener addresses (`skip`): forwarding to those would loop back to us.
+pub fn parse(text: &str, skip: &[IpAddr]) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some(value) = line.trim().strip_prefix("DNS=") else {
+            continue;
+        };
+        // networkd writes the addresses bare; an env-file reader would also take them quoted.
+        let value = value.trim().trim_matches(['"', '\'']);
+        for word in value.split_whitespace() {
+            let Ok(ip) = word.parse::<IpAddr>() else {
+                continue;
+            };
+            let addr = SocketAddr::new(ip, 53);
+            if ip.is_loopback() || ip.is_unspecified() || skip.contains(&ip) || out.contains(&addr)
+            {
+                continue;
+            }
+            out.push(addr);
+        }
+    }
+    out
+}
+
+/// Every lease file in `dir` (files named by an interface index, in index order), their servers
+/// together without duplicates. A directory without leases is `Ok` and empty; one that cannot
+/// be read is an error sentence naming it.
+pub fn read(dir: &Path, skip: &[IpAddr]) -> Result<Vec<SocketAddr>, String> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let mut files: Vec<(u32, std::path::PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let index = e.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((index, e.path()))
+        })
+        .collect();
+    files.sort();
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for (_, path) in files {
+        // A lease may be replaced or removed between the listing and the read: skip it.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for addr in parse(&text, skip) {
+            if !out.contains(&addr) {
+                out.push(addr);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LISTENERS: [IpAddr; 2] = [
+        IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 10, 10)),
+        IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 10, 11)),
+    ];
+
+    /// An AKS node's eth0 lease as systemd-networkd 255 writes it (Ubuntu 24.04), addresses
+    /// changed.
+    const AZURE_LEASE: &str = "\
+# This is private data. Do not parse.
+ADDRESS=10.224.0.4
+NETMASK=255.255.0.0
+ROUTER=10.224.0.1
+SERVER_ADDRESS=168.63.129.16
+NEXT_SERVER=168.63.129.16
+BROADCAST=10.224.255.255
+T1=2h 15min
+T2=3h 56min 15s
+LIFETIME=4h 30min
+DNS=168.63.129.16
+DOMAINNAME=abc123xyz.bx.internal.cloudapp.net
+CLASSLESS_ROUTES=168.63.129.16/32,10.224.0.1 169.254.169.254/32,10.224.0.1 0.0.0.0/0,10.224.0.1
+CLIENTID=ff0d2f3b5a000200001a2b3c4d5e6f7a8b9c
+OPTION_245=a83f8110
+";
+
+    fn addrs(text: &str) -> Vec<String> {
+        parse(text, &LISTENERS)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn reads_an_azure_lease() {
+        assert_eq!(addrs(AZURE_LEASE), ["168.63.129.16:53"]);
+    }
+
+    #[test]
+    fn custom_vnet_dns_servers_in_order() {
+        let lease = "ADDRESS=10.1.0.4\nDNS=10.1.0.53 10.1.0.54 10.1.0.53\nNTP=10.1.0.1\n";
+        assert_eq!(addrs(lease), ["10.1.0.53:53", "10.1.0.54:53"]);
+    }
+
+    #[test]
+    fn never_our_listeners_loopback_or_junk() {
+        let lease = "DNS=169.254.10.10 127.0.0.53 0.0.0.0 not-an-ip 10.0.0.2\n\
+                     # DNS=10.9.9.9\nSERVER_ADDRESS=10.0.0.3\nXDNS=10.0.0.4\n\u{0}\u{ff}\n";
+        assert_eq!(addrs(lease), ["10.0.0.2:53"]);
+    }
+
+    #[test]
+    fn a_lease_without_servers_or_a_foreign_file_lists_nothing() {
+        assert!(addrs("# This is private data. Do not parse.\nADDRESS=10.0.0.4\n").is_empty());
+        assert!(addrs("{\"Address\": [10, 0, 0, 4]}").is_empty());
+        assert!(addrs("").is_empty());
+    }
+
+    #[test]
+    fn every_lease_of_the_directory_in_interface_order() {
+        let dir = std::env::temp_dir().join(format!("leases-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("12"), "DNS=10.0.12.53 168.63.129.16\n").unwrap();
+        std::fs::write(dir.join("2"), AZURE_LEASE).unwrap();
+        // Not a lease: networkd's temporary files and anything else not named by an index.
+        std::fs::write(dir.join(".#2abcdef"), "DNS=10.6.6.6\n").unwrap();
+        std::fs::write(dir.join("README"), "DNS=10.7.7.7\n").unwrap();
+        let found: Vec<String> = read(&dir, &LISTENERS)
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(found, ["168.63.129.16:53", "10.0.12.53:53"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(read(&dir, &LISTENERS).unwrap_err().contains("cannot read"));
+    }
+}
