@@ -18,6 +18,8 @@ const LOCK_WAIT: &str = "2";
 /// The ClusterIP rule of one service port in KUBE-SERVICES.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ServiceRule {
+    /// `dns` (UDP) or `dns-tcp`.
+    pub port_name: &'static str,
     pub cluster_ip: Option<IpAddr>,
     /// The `KUBE-SVC-*` chain that spreads over the endpoints.
     pub chain: String,
@@ -62,7 +64,11 @@ fn option<'a>(words: &'a [String], name: &str) -> Option<&'a str> {
 
 /// Finds the ClusterIP rule of `service`'s port `port_name` (`dns` or `dns-tcp`) in the
 /// `iptables -S KUBE-SERVICES` output.
-pub fn parse_services(text: &str, service: &ServiceName, port_name: &str) -> Option<ServiceRule> {
+pub fn parse_services(
+    text: &str,
+    service: &ServiceName,
+    port_name: &'static str,
+) -> Option<ServiceRule> {
     let comment = format!("{service}:{port_name} cluster IP");
     // A cheap substring test first: only the one matching line is split into words.
     text.lines()
@@ -76,7 +82,11 @@ pub fn parse_services(text: &str, service: &ServiceName, port_name: &str) -> Opt
                 .filter(|c| c.starts_with("KUBE-SVC-"))?
                 .to_string();
             let cluster_ip = option(&w, "-d").and_then(|d| d.split('/').next()?.parse().ok());
-            Some(ServiceRule { cluster_ip, chain })
+            Some(ServiceRule {
+                port_name,
+                cluster_ip,
+                chain,
+            })
         })
 }
 
@@ -110,18 +120,33 @@ pub fn discover(service: &ServiceName, ipv6: bool) -> Result<KubeDns, String> {
         )
     };
     let services = list("KUBE-SERVICES")?;
-    let mut found = KubeDns::default();
-    for (port_name, into) in [("dns", &mut found.udp), ("dns-tcp", &mut found.tcp)] {
-        let Some(rule) = parse_services(&services, service, port_name) else {
-            continue;
-        };
-        found.cluster_ip = found.cluster_ip.or(rule.cluster_ip);
-        for endpoint in parse_service_chain(&list(&rule.chain)?) {
-            if let Some(addr) = parse_endpoint_chain(&list(&endpoint)?) {
-                if !into.contains(&addr) {
-                    into.push(addr);
+    let rules: Vec<ServiceRule> = ["dns", "dns-tcp"]
+        .iter()
+        .filter_map(|port_name| parse_services(&services, service, port_name))
+        .collect();
+    let mut found = KubeDns {
+        cluster_ip: rules.iter().find_map(|r| r.cluster_ip),
+        ..KubeDns::default()
+    };
+    // Both ports' chains, then every endpoint chain, read side by side.
+    let endpoints = |rule: &ServiceRule| -> Result<Vec<SocketAddr>, String> {
+        let chains = parse_service_chain(&list(&rule.chain)?);
+        let mut out = Vec::new();
+        for text in tool::each_at_once(&chains, |chain| list(chain)) {
+            if let Some(addr) = parse_endpoint_chain(&text?) {
+                if !out.contains(&addr) {
+                    out.push(addr);
                 }
             }
+        }
+        Ok(out)
+    };
+    let ports = tool::each_at_once(&rules, endpoints);
+    for (rule, addrs) in rules.iter().zip(ports) {
+        if rule.port_name == "dns" {
+            found.udp = addrs?;
+        } else {
+            found.tcp = addrs?;
         }
     }
     Ok(found)

@@ -149,10 +149,13 @@ pub fn find_kube_dns(settings: &Settings) -> KubeDnsFinding {
     let service = &settings.service;
     for &source in &settings.sources {
         let result = match source {
-            Source::Iptables => either(
-                iptables::discover(service, false),
-                iptables::discover(service, true),
-            ),
+            Source::Iptables => {
+                let (v4, v6) = tool::side_by_side(
+                    || iptables::discover(service, false),
+                    || iptables::discover(service, true),
+                );
+                either(v4, v6)
+            }
             Source::Nftables => nftables::discover(service),
             Source::Ipvs => ipvs::discover(finding.cluster_ip),
             Source::Cilium => cilium::discover(&settings.cilium_socket, service),

@@ -33,8 +33,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// does not exist is fine as long as the other one can be read; `Err` says why for each family
 /// when neither can.
 pub fn discover(service: &ServiceName) -> Result<KubeDns, String> {
-    let v4 = read_table("ip", service);
-    let v6 = read_table("ip6", service);
+    let (v4, v6) = tool::side_by_side(|| read_table("ip", service), || read_table("ip6", service));
     match (v4, v6) {
         (Ok(Some(v4)), Ok(Some(v6))) => Ok(KubeDns {
             udp: [v4.udp, v6.udp].concat(),
