@@ -31,6 +31,7 @@
 //!   program that keeps flows on our sockets, bounded retry while a port is busy).
 //! - [`link`]: the listener addresses on `lo`, over rtnetlink.
 //! - [`privilege`]: dropping capabilities once start-up is done.
+//! - [`confine`]: no writes to the node's files once start-up is done (Landlock).
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
 //! - [`metrics`]: `/metrics` in Prometheus text format over the counters.
 //! - [`cli`]: the flags, which are the whole configuration (no config file by design).
@@ -44,6 +45,7 @@
 pub mod answer;
 pub mod cache;
 pub mod cli;
+pub mod confine;
 pub mod discover;
 pub mod engine;
 pub mod frame;
