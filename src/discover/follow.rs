@@ -112,6 +112,8 @@ struct VnetDnsFollower {
     leases_stamp: Option<resolv_conf::Stamp>,
     /// Why resolv.conf gives nothing usable right now (`None`: it does).
     resolv_problem: Option<String>,
+    /// The problem is that resolv.conf cannot be read (not that it names no usable server).
+    resolv_unreadable: bool,
     in_force: Option<VnetDnsSource>,
     /// The last complaint logged, so each is logged once.
     said: Option<String>,
@@ -126,6 +128,7 @@ impl VnetDnsFollower {
             resolv_stamp: None,
             leases_stamp: None,
             resolv_problem: None,
+            resolv_unreadable: false,
             in_force: None,
             said: None,
         }
@@ -153,11 +156,15 @@ impl VnetDnsFollower {
                     self.said = None;
                     return;
                 }
-                Err(e) => self.resolv_problem = Some(e),
+                Err(e) => {
+                    self.resolv_problem = Some(e);
+                    self.resolv_unreadable = true;
+                }
                 Ok(_) => {
                     self.resolv_problem = Some(format!(
                         "{path} lists no VNet DNS server (only our listeners or loopback stubs)"
-                    ))
+                    ));
+                    self.resolv_unreadable = false;
                 }
             }
         }
@@ -168,8 +175,16 @@ impl VnetDnsFollower {
         // listener while LocalDNS's drop-in is in place, and a missing file is no reason to
         // forget working servers; it holds what the node is configured to use.
         if self.in_force == Some(VnetDnsSource::ResolvConf) {
+            // Naming only our listener is what resolv.conf does whenever LocalDNS starts again
+            // (its drop-in is back) while we still serve: nothing to warn about. A file that
+            // cannot be read is.
+            let level = if self.resolv_unreadable {
+                tracing::Level::WARN
+            } else {
+                tracing::Level::INFO
+            };
             self.say(
-                tracing::Level::WARN,
+                level,
                 format!("{why}; keeping the VNet DNS servers found before"),
             );
             return;

@@ -5,7 +5,9 @@
 # - "kube-dns pod": dnsmasq on 10.244.0.5, on another veth;
 # - kube-proxy's iptables-mode nat rules for kube-system/kube-dns pointing at the pod. Not hooked
 #   into OUTPUT or PREROUTING: they are only read (by the fallback's discovery), never applied;
-# - /run/systemd/resolve/resolv.conf as systemd-resolved writes it when LocalDNS is not running.
+# - /run/systemd/resolve/resolv.conf as systemd-resolved writes it when LocalDNS is not running;
+# - systemd-networkd's DHCP lease of the node's link to the VNet, naming the VNet DNS (networkd
+#   keeps it so whatever LocalDNS's drop-in makes of resolv.conf).
 # Each stand-in answers the test names with its own marker addresses (markers.env).
 # Runs as test-upstreams.service (Type=notify): ready once both servers answer.
 set -euo pipefail
@@ -47,6 +49,31 @@ RULES
 
 mkdir -p /run/systemd/resolve /run/localdns-test
 /opt/test/localdns.sh resolved-reload
+
+# The lease as systemd-networkd writes it (sd-dhcp-lease.c dhcp_lease_save: its key=value state,
+# written to a temporary file renamed over /run/systemd/netif/leases/<ifindex>), for the link
+# that leads to the VNet DNS. Azure's DHCP offers the VNet DNS as DNS= and the wire server in
+# its private option 245.
+leases=/run/systemd/netif/leases
+ifindex=$(cat /sys/class/net/vnetdns/ifindex)
+mkdir -p "$leases"
+cat >"$leases/.#$ifindex.lease" <<LEASE
+# This is private data. Do not parse.
+ADDRESS=10.224.0.4
+NETMASK=255.255.0.0
+ROUTER=10.224.0.1
+SERVER_ADDRESS=$VNETDNS
+NEXT_SERVER=$VNETDNS
+BROADCAST=10.224.255.255
+T1=2h 15min
+T2=3h 56min 15s
+LIFETIME=4h 30min
+DNS=$VNETDNS
+DOMAINNAME=abc123.bx.internal.cloudapp.net
+CLIENTID=ff0d2f3b5a000200001a2b3c4d5e6f7a8b9c
+OPTION_245=a83f8110
+LEASE
+mv -f "$leases/.#$ifindex.lease" "$leases/$ifindex"
 
 serve() { # ADDRESS CLUSTER_ANSWER EXTERNAL_ANSWER: an authoritative-only dnsmasq, logging to the journal
     dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts --no-poll \
