@@ -1,6 +1,6 @@
-//! No writes to the node's files after start-up: a Landlock ruleset (Linux 5.13 and later) that
-//! forbids creating, removing, renaming and writing files anywhere except the few paths
-//! discovery's tools write, for this process and every tool it runs.
+//! No writes to the node's files: a Landlock ruleset (Linux 5.13 and later) that forbids
+//! creating, removing, renaming and writing files anywhere except the few paths discovery's tools
+//! write, for this process and every tool it runs.
 //!
 //! It stands in for the unit's `ProtectSystem=strict`, `ProtectKernelTunables=`,
 //! `ProtectControlGroups=` and the like, which need a mount namespace of their own that costs
@@ -48,9 +48,10 @@ struct PathBeneathAttr {
 /// and the null device.
 const TOOLS_WRITE: [&str; 2] = ["/run/xtables.lock", "/dev/null"];
 
-/// Called once start-up (the link, the listeners) is done: confines the rest of the process's
-/// life, and says what it did.
-pub fn after_start_up() {
+/// Confines the rest of the process's life, and says what it did. Called by `main` before
+/// anything else starts: nothing the daemon does writes a file (the link and the listeners are
+/// netlink and sockets), and a ruleset made later would not hold for threads already running.
+pub fn whole_process() {
     let except: Vec<&Path> = TOOLS_WRITE.iter().map(Path::new).collect();
     match forbid_writes(&except) {
         Ok(c) => tracing::info!(
@@ -87,7 +88,8 @@ pub fn forbid_writes(except: &[&Path]) -> Result<Confined, String> {
     };
     if abi < 1 {
         return Err(format!(
-            "this kernel cannot confine file-system writes (Landlock: {})",
+            "cannot use Landlock to confine file-system writes (the kernel lacks it, or a \
+             system-call filter denies it): {}",
             std::io::Error::last_os_error()
         ));
     }

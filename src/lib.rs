@@ -31,7 +31,7 @@
 //!   program that keeps flows on our sockets, bounded retry while a port is busy).
 //! - [`link`]: the listener addresses on `lo`, over rtnetlink.
 //! - [`privilege`]: dropping capabilities once start-up is done.
-//! - [`confine`]: no writes to the node's files once start-up is done (Landlock).
+//! - [`confine`]: no writes to the node's files, from the first instant (Landlock).
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
 //! - [`metrics`]: `/metrics` in Prometheus text format over the counters.
 //! - [`cli`]: the flags, which are the whole configuration (no config file by design).

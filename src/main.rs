@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use localdns_fallback::cli::{self, Command};
-use localdns_fallback::{report, server};
+use localdns_fallback::{confine, report, server};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
@@ -42,6 +42,9 @@ fn main() -> ExitCode {
         }
     };
     init_logging(config.log_level);
+    // Before the runtime starts its threads: a Landlock ruleset holds for the thread that makes
+    // it and every thread and process started from it later, never for threads already running.
+    confine::whole_process();
     match run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -302,6 +302,11 @@ impl Container {
         // Its own network namespace with only lo: the stand-ins add their links inside it.
         .arg("--private-network")
         .arg("--console=read-only")
+        // nspawn's own system-call filter denies Landlock (systemd 252), with which the fallback
+        // confines its file-system writes; a node has no such filter around its services.
+        .arg(
+            "--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self",
+        )
         .arg(format!("--bind-ro={MANIFEST_DIR}/tests/systemd:/opt/test"))
         .arg(format!("--bind-ro={MANIFEST_DIR}/units:/opt/units"))
         .arg(format!("--bind-ro={}:/opt/bin/localdns-fallback", binary()))
@@ -1610,6 +1615,13 @@ fn lifecycle_phases(suite: Suite) {
             f(plain)
         );
     }
+    // The figures first: they are worth having even when a check below fails.
+    let summary = w.summary(suite);
+    eprintln!("\n{summary}");
+    let file =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("systemd-phases-{}.md", suite.name()));
+    fs::write(&file, &summary).unwrap();
+    eprintln!("(written to {})", file.display());
     // Logs read well in the journal (no terminal colours), and a plain lifecycle is nothing to
     // warn about: the binary and the unit agree, the upstreams are found, nothing fails.
     let logs = c.ok("journalctl --no-pager -q -o cat -u localdns-fallback.service");
@@ -1637,12 +1649,6 @@ fn lifecycle_phases(suite: Suite) {
     if c.is_failed("localdns-fallback.service") {
         c.fail("the fallback ended up failed");
     }
-    let summary = w.summary(suite);
-    eprintln!("\n{summary}");
-    let file =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("systemd-phases-{}.md", suite.name()));
-    fs::write(&file, &summary).unwrap();
-    eprintln!("(written to {})", file.display());
 }
 
 /// The scenarios, once per systemd generation.

@@ -38,7 +38,6 @@ pub async fn prepare(config: &Config) -> Result<Prepared, String> {
         cluster: config.cluster_upstreams.is_empty(),
     };
     drop_privileges(config, owned);
-    crate::confine::after_start_up();
     Ok(Prepared {
         node,
         cluster,
