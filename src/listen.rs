@@ -37,7 +37,9 @@ pub struct Bound {
     pub addr: SocketAddr,
     /// Non-blocking; served by a thread of its own, not by the async runtime (see `forward`).
     pub udp: std::net::UdpSocket,
-    pub tcp: tokio::net::TcpListener,
+    /// Non-blocking; registered with the serving runtime by `serve` (it is bound before that
+    /// runtime exists).
+    pub tcp: std::net::TcpListener,
     /// Where our sockets sit in their SO_REUSEPORT groups; flows are steered to them from bind on.
     pub steering: Steering,
 }
@@ -64,8 +66,8 @@ impl Steering {
     /// Follows members that came or went since the last look and, where our index moved, points
     /// the program at the new one. If it can no longer be known (a member below us left while we
     /// were the last one), the program is detached: plain sharing beats steering to a stranger.
-    /// Reads /proc/net (not free: see `FOLLOW_EVERY` in `server::serve`); the serving side calls it
-    /// every second while it is in charge.
+    /// Reads /proc/net (not free: see `FOLLOW_EVERY` in `server::serve`), unless we are first in
+    /// the group; the serving side calls it every 100 ms while it is in charge.
     pub fn follow(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
         let addr = self.addr;
         for (slot, fd, proto) in [
@@ -141,7 +143,7 @@ impl Held {
         })
     }
 
-    /// Follows our place in the groups (every second while serving).
+    /// Follows our place in the groups (every 100 ms while serving).
     pub fn follow(&mut self) {
         if let Err(e) = self.steering.follow(self.udp.as_fd(), self.tcp.as_fd()) {
             tracing::debug!(addr = %self.steering.addr, error = %e, "cannot follow the port's group");
@@ -253,8 +255,9 @@ pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound
         match bind_pair(addr) {
             Ok((udp, tcp, bound, steering)) => {
                 let udp = udp.into();
-                let tcp = tokio::net::TcpListener::from_std(tcp.into())
-                    .map_err(|e| format!("cannot register TCP socket {addr}: {e}"))?;
+                let tcp: std::net::TcpListener = tcp.into();
+                tcp.set_nonblocking(true)
+                    .map_err(|e| format!("cannot make TCP socket {addr} non-blocking: {e}"))?;
                 if steering.udp_slot() != Some(0) || steering.tcp_slot() != Some(0) {
                     // A LocalDNS that is starting (or an orphaned CoreDNS).
                     tracing::info!(

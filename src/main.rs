@@ -55,22 +55,17 @@ fn main() -> ExitCode {
 }
 
 fn run(config: cli::Config) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    runtime.block_on(async {
+    server::run(config, || {
         let mut term =
             signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
         let mut int =
             signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
-        let stop = async move {
+        Ok(async move {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-        };
-        server::run(config, stop).await
+        })
     })
 }
 

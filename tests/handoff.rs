@@ -111,7 +111,7 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
             (Some(0), Some(0))
         );
         ours.udp.set_nonblocking(true).unwrap();
-        let our_tcp = ours.tcp.into_std().unwrap();
+        let our_tcp = ours.tcp;
         our_tcp.set_nonblocking(true).unwrap();
         // LocalDNS starting beside us: bound, in the group.
         let (ld_udp, ld_tcp) = bind_coredns();
@@ -174,7 +174,7 @@ fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
             "joined after the orphan"
         );
         ours.udp.set_nonblocking(true).unwrap();
-        let our_tcp = ours.tcp.into_std().unwrap();
+        let our_tcp = ours.tcp;
         our_tcp.set_nonblocking(true).unwrap();
         send_flows(200, 1);
         let _c = connect_flows(20);
@@ -193,7 +193,7 @@ fn when_the_orphan_exits_the_steering_follows_our_new_place() {
         let (orphan_udp, orphan_tcp) = bind_coredns();
         let mut ours = bind_ours();
         ours.udp.set_nonblocking(true).unwrap();
-        let our_tcp = ours.tcp.into_std().unwrap();
+        let our_tcp = ours.tcp;
         our_tcp.set_nonblocking(true).unwrap();
         drop((orphan_udp, orphan_tcp));
         ours.steering

@@ -9,8 +9,24 @@ use std::future::Future;
 
 use crate::cli::Config;
 
-/// Serves until `shutdown` completes, then stops cleanly.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
-    let prepared = prepare::prepare(&config).await?;
-    serve::serve(config, prepared, shutdown).await
+/// Does what needs privilege on the calling thread alone, before any other thread exists (see
+/// [`prepare::prepare`]), then starts the serving runtime and serves until `shutdown` (made
+/// within that runtime) completes, then stops cleanly.
+pub fn run<F: Future<Output = ()>>(
+    config: Config,
+    shutdown: impl FnOnce() -> Result<F, String>,
+) -> Result<(), String> {
+    let prepared = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the start-up runtime: {e}"))?
+        .block_on(prepare::prepare(&config))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(async {
+        let shutdown = shutdown()?;
+        serve::serve(config, prepared, shutdown).await
+    })
 }

@@ -12,19 +12,24 @@ use crate::{link, privilege};
 pub struct Prepared {
     pub node: Bound,
     pub cluster: Bound,
-    pub metrics: Option<tokio::net::TcpListener>,
+    /// Non-blocking, like the listeners' TCP sockets; registered with the runtime by `serve`.
+    pub metrics: Option<std::net::TcpListener>,
     /// Which upstream groups discovery fills (a group given by flags is never touched).
     pub owned: crate::discover::follow::Owned,
 }
 
+/// Runs on a runtime of the calling thread alone: capabilities belong to a thread, and threads
+/// inherit them from the thread that starts them, so the serving runtime is started only after
+/// the drop (its workers and blocking pool would otherwise keep every capability, and so would
+/// the tools they run).
 pub async fn prepare(config: &Config) -> Result<Prepared, String> {
     if config.link_setup {
         set_up_link(config)?;
     }
     let metrics = match config.metrics {
         Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
+            std::net::TcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
                 .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
         ),
         None => None,
