@@ -35,6 +35,9 @@ pub struct DigResult {
     pub flags: Vec<String>,
     /// `MSG SIZE rcvd` if dig printed it.
     pub msg_size: Option<usize>,
+    /// dig's own `Query time` of the reply it printed (not the process's start-up, which a
+    /// saturated machine can stretch to seconds).
+    pub query_time: Option<Duration>,
     /// Wall time around the command.
     pub elapsed: Duration,
     /// stdout then stderr of the command.
@@ -56,6 +59,7 @@ impl DigResult {
         let mut flags = Vec::new();
         let mut records = Vec::new();
         let mut msg_size = None;
+        let mut query_time = None;
         let mut in_answer = false;
         // Only the first reply counts (dig prints one per query it made).
         let mut replies_seen = 0;
@@ -83,6 +87,16 @@ impl DigResult {
                     .split_whitespace()
                     .map(str::to_string)
                     .collect();
+                continue;
+            }
+            if let Some(rest) = lower.strip_prefix(";; query time:") {
+                query_time = rest
+                    .trim()
+                    .trim_end_matches("msec")
+                    .trim()
+                    .parse()
+                    .ok()
+                    .map(Duration::from_millis);
                 continue;
             }
             if lower.starts_with(";; msg size") {
@@ -120,6 +134,7 @@ impl DigResult {
             records,
             flags,
             msg_size,
+            query_time,
             elapsed,
             raw,
         }
