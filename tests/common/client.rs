@@ -38,8 +38,13 @@ pub struct DigResult {
     /// dig's own `Query time` of the reply it printed (not the process's start-up, which a
     /// saturated machine can stretch to seconds).
     pub query_time: Option<Duration>,
-    /// Wall time around the command.
+    /// How long the answer took: dig's `Query time` when it printed one (every dig here makes
+    /// one try, so that is the time from its query to the reply), else the wall time around the
+    /// command. Deadlines are asserted on this: starting a process in a namespace while the
+    /// nspawn tests mount and unmount was measured taking 37-46 s of wall time.
     pub elapsed: Duration,
+    /// Wall time around the command, process start-up included.
+    pub wall: Duration,
     /// stdout then stderr of the command.
     pub raw: String,
 }
@@ -135,7 +140,8 @@ impl DigResult {
             flags,
             msg_size,
             query_time,
-            elapsed,
+            elapsed: query_time.unwrap_or(elapsed),
+            wall: elapsed,
             raw,
         }
     }
