@@ -114,7 +114,7 @@ struct Shell {
     out: SendBatch,
     out_legs: Vec<Option<Leg>>,
     /// What the last batch could not send: (index in the batch, why).
-    refused: Vec<(usize, io::Error)>,
+    refusals: Vec<(usize, io::Error)>,
     failed: Vec<(Leg, Failure)>,
     log: EventLog,
 }
@@ -154,7 +154,7 @@ pub fn run(relay: Relay) {
         clients: HashMap::new(),
         out: SendBatch::new(BATCH),
         out_legs: vec![None; BATCH],
-        refused: Vec::new(),
+        refusals: Vec::new(),
         failed: Vec::new(),
         log: EventLog::default(),
     };
@@ -443,12 +443,12 @@ impl Shell {
     }
 
     fn send_udp(&mut self) {
-        let (listener, sockets, refused) = (&self.listener, &self.sockets, &mut self.refused);
+        let (listener, sockets, refusals) = (&self.listener, &self.sockets, &mut self.refusals);
         self.out.send(
             |tag| udp_socket(listener, sockets, tag).map(AsRawFd::as_raw_fd),
-            |i, e| refused.push((i, e)),
+            |i, e| refusals.push((i, e)),
         );
-        for (i, e) in std::mem::take(&mut self.refused) {
+        for (i, e) in std::mem::take(&mut self.refusals) {
             match self.out_legs[i] {
                 Some(leg) => self.refused(leg, &e),
                 None => tracing::debug!(error = %e, "cannot send a reply to a UDP client"),
