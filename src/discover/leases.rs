@@ -27,6 +27,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
+use super::resolv_conf::push_usable;
+
 pub const DEFAULT_DIR: &str = "/run/systemd/netif/leases";
 
 /// The servers of one lease file's `DNS=` line, in order, without loopback, unspecified or our
@@ -40,15 +42,9 @@ pub fn parse(text: &str, skip: &[IpAddr]) -> Vec<SocketAddr> {
         // networkd writes the addresses bare; an env-file reader would also take them quoted.
         let value = value.trim().trim_matches(['"', '\'']);
         for word in value.split_whitespace() {
-            let Ok(ip) = word.parse::<IpAddr>() else {
-                continue;
-            };
-            let addr = SocketAddr::new(ip, 53);
-            if ip.is_loopback() || ip.is_unspecified() || skip.contains(&ip) || out.contains(&addr)
-            {
-                continue;
+            if let Ok(ip) = word.parse::<IpAddr>() {
+                push_usable(&mut out, SocketAddr::new(ip, 53), skip);
             }
-            out.push(addr);
         }
     }
     out
@@ -75,9 +71,7 @@ pub fn read(dir: &Path, skip: &[IpAddr]) -> Result<Vec<SocketAddr>, String> {
             continue;
         };
         for addr in parse(&text, skip) {
-            if !out.contains(&addr) {
-                out.push(addr);
-            }
+            push_usable(&mut out, addr, skip);
         }
     }
     Ok(out)

@@ -21,13 +21,19 @@ pub fn parse(text: &str, skip: &[IpAddr]) -> Vec<SocketAddr> {
         let Some(addr) = words.next().and_then(parse_server) else {
             continue;
         };
-        let ip = addr.ip();
-        if ip.is_loopback() || ip.is_unspecified() || skip.contains(&ip) || out.contains(&addr) {
-            continue;
-        }
-        out.push(addr);
+        push_usable(&mut out, addr, skip);
     }
     out
+}
+
+/// Adds a VNet DNS server to `out` unless it is there already or forwarding to it would loop
+/// back to us: a loopback stub (127.0.0.53, ::1), the unspecified address, or one of our own
+/// listener addresses (`skip`). Every VNet DNS source goes through this one loop guard.
+pub fn push_usable(out: &mut Vec<SocketAddr>, addr: SocketAddr, skip: &[IpAddr]) {
+    let ip = addr.ip();
+    if !(ip.is_loopback() || ip.is_unspecified() || skip.contains(&ip) || out.contains(&addr)) {
+        out.push(addr);
+    }
 }
 
 /// `1.2.3.4`, `fd00::1` or a link-local `fe80::1%eth0` (the zone picks the interface).
