@@ -18,8 +18,6 @@ use nix::libc;
 /// 65,600 bytes apart, not 64 KiB: at a power-of-two stride every datagram's first bytes would
 /// fall into the same few CPU cache sets.
 pub const RECV_SLOT: usize = 65600;
-/// A reply larger than this is sent on its own (`SendBatch::push` refuses it).
-pub const SEND_SLOT: usize = 4096;
 
 /// Datagrams read by one `recvmmsg`.
 pub struct RecvBatch {
@@ -107,78 +105,85 @@ impl RecvBatch {
     }
 }
 
-/// Datagrams queued to go out together: each with a tag that names the socket it leaves from,
-/// and an address unless that socket is connected. `send` makes one `sendmmsg` per socket.
-pub struct SendBatch {
+/// Datagrams queued to go out together, packed one after another in one buffer (which keeps its
+/// size between flushes, up to `KEEP_BYTES`): each with a tag that names the socket it leaves
+/// from, an address unless that socket is connected, and a value of the caller's (`T`) handed
+/// back if the kernel refuses it. `send` makes one `sendmmsg` per socket.
+pub struct SendBatch<T> {
     buf: Vec<u8>,
-    lens: Vec<usize>,
-    tags: Vec<usize>,
-    addrs: Vec<Option<(libc::sockaddr_storage, libc::socklen_t)>>,
+    msgs: Vec<Queued<T>>,
     /// Message indices in the order they are sent: grouped by tag, in queue order within.
     order: Vec<usize>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
-    n: usize,
 }
 
-impl SendBatch {
-    pub fn new(slots: usize) -> SendBatch {
+struct Queued<T> {
+    start: usize,
+    len: usize,
+    tag: usize,
+    to: Option<(libc::sockaddr_storage, libc::socklen_t)>,
+    value: T,
+}
+
+/// Bytes the buffer keeps between flushes; a burst of 64 KiB answers gives the rest back.
+const KEEP_BYTES: usize = 256 << 10;
+
+impl<T: Copy> SendBatch<T> {
+    pub fn new(slots: usize) -> SendBatch<T> {
         SendBatch {
-            buf: vec![0; slots * SEND_SLOT],
-            lens: vec![0; slots],
-            tags: vec![0; slots],
-            addrs: vec![None; slots],
+            buf: Vec::new(),
+            msgs: Vec::with_capacity(slots),
             order: Vec::with_capacity(slots),
             // SAFETY (both): all-zero is a valid value of these plain C structs.
             iovs: vec![unsafe { zeroed() }; slots],
             hdrs: vec![unsafe { zeroed() }; slots],
-            n: 0,
         }
     }
 
     /// Queues a copy of `bytes` to leave from the socket tagged `tag`, for `to` (`None`: the
-    /// socket is connected). Returns the message's index, or `None` when the batch is full or
-    /// `bytes` is larger than a slot (send those on their own).
-    pub fn push(&mut self, bytes: &[u8], to: Option<SocketAddr>, tag: usize) -> Option<usize> {
-        if self.n == self.lens.len() || bytes.len() > SEND_SLOT {
-            return None;
-        }
-        let i = self.n;
-        let start = i * SEND_SLOT;
-        self.buf[start..start + bytes.len()].copy_from_slice(bytes);
-        self.lens[i] = bytes.len();
-        self.tags[i] = tag;
-        self.addrs[i] = to.map(to_storage);
-        self.n += 1;
-        Some(i)
+    /// socket is connected). Call `send` first when the batch `is_full`.
+    pub fn push(&mut self, bytes: &[u8], to: Option<SocketAddr>, tag: usize, value: T) {
+        debug_assert!(!self.is_full());
+        let start = self.buf.len();
+        self.buf.extend_from_slice(bytes);
+        self.msgs.push(Queued {
+            start,
+            len: bytes.len(),
+            tag,
+            to: to.map(to_storage),
+            value,
+        });
     }
 
     pub fn is_full(&self) -> bool {
-        self.n == self.lens.len()
+        self.msgs.len() == self.hdrs.len()
     }
 
     /// Sends everything queued and empties the batch, from socket `socket(tag)`. A datagram the
-    /// kernel refuses (a full send buffer, an ICMP error reported now) is skipped and given to
-    /// `refused` with its index and the error; the rest still go.
+    /// kernel refuses (a full send buffer, an ICMP error reported now, a tag with no socket) is
+    /// skipped and its value given to `refused` with the error; the rest still go.
     pub fn send(
         &mut self,
         socket: impl Fn(usize) -> Option<RawFd>,
-        mut refused: impl FnMut(usize, io::Error),
+        mut refused: impl FnMut(T, io::Error),
     ) {
-        let n = std::mem::take(&mut self.n);
+        let n = self.msgs.len();
         self.order.clear();
         self.order.extend(0..n);
-        let tags = &self.tags;
-        self.order.sort_by_key(|&i| tags[i]);
+        let msgs = &mut self.msgs;
+        self.order.sort_by_key(|&i| msgs[i].tag);
+        // The buffer no longer grows from here on, so pointers into it stay valid.
         let base = self.buf.as_mut_ptr();
         for (k, &i) in self.order.iter().enumerate() {
+            let m = &mut msgs[i];
             self.iovs[k] = libc::iovec {
-                // SAFETY: slot i lies inside `buf` (slots * SEND_SLOT bytes).
-                iov_base: unsafe { base.add(i * SEND_SLOT) }.cast(),
-                iov_len: self.lens[i],
+                // SAFETY: the message's bytes lie inside `buf`.
+                iov_base: unsafe { base.add(m.start) }.cast(),
+                iov_len: m.len,
             };
             let h = &mut self.hdrs[k].msg_hdr;
-            (h.msg_name, h.msg_namelen) = match &mut self.addrs[i] {
+            (h.msg_name, h.msg_namelen) = match &mut m.to {
                 Some((ss, len)) => ((ss as *mut libc::sockaddr_storage).cast(), *len),
                 None => (std::ptr::null_mut(), 0),
             };
@@ -190,14 +195,14 @@ impl SendBatch {
         }
         let mut k = 0;
         while k < n {
-            let tag = self.tags[self.order[k]];
+            let tag = msgs[self.order[k]].tag;
             let end = k + self.order[k..]
                 .iter()
-                .take_while(|&&i| self.tags[i] == tag)
+                .take_while(|&&i| msgs[i].tag == tag)
                 .count();
             let Some(fd) = socket(tag) else {
                 for &i in &self.order[k..end] {
-                    refused(i, io::Error::from(io::ErrorKind::NotConnected));
+                    refused(msgs[i].value, io::Error::from(io::ErrorKind::NotConnected));
                 }
                 k = end;
                 continue;
@@ -216,13 +221,18 @@ impl SendBatch {
                     let e = io::Error::last_os_error();
                     if e.kind() != io::ErrorKind::Interrupted {
                         // The first remaining datagram failed: skip it, send the rest.
-                        refused(self.order[k], e);
+                        refused(msgs[self.order[k]].value, e);
                         k += 1;
                     }
                 } else {
                     k += sent as usize;
                 }
             }
+        }
+        self.msgs.clear();
+        self.buf.clear();
+        if self.buf.capacity() > KEEP_BYTES {
+            self.buf = Vec::new();
         }
     }
 }
@@ -320,19 +330,17 @@ mod tests {
         c.connect(a.local_addr().unwrap()).unwrap();
         let mut send = SendBatch::new(4);
         let to_a = Some(a.local_addr().unwrap());
-        assert_eq!(send.push(b"one", to_a, 0), Some(0));
-        assert_eq!(send.push(b"uno", None, 1), Some(1));
-        assert_eq!(send.push(b"two", to_a, 0), Some(2));
-        assert_eq!(send.push(b"lost", None, 2), Some(3));
+        send.push(b"one", to_a, 0, 'a');
+        send.push(b"uno", None, 1, 'b');
+        send.push(&[7; 9000], to_a, 0, 'c');
+        send.push(b"lost", None, 2, 'd');
         assert!(send.is_full());
-        assert_eq!(send.push(b"five", to_a, 0), None, "full");
         let mut refused = Vec::new();
         let fds = [rx.as_raw_fd(), c.as_raw_fd()];
-        send.send(|tag| fds.get(tag).copied(), |i, _| refused.push(i));
-        assert_eq!(refused, [3], "tag 2 has no socket");
+        send.send(|tag| fds.get(tag).copied(), |v, _| refused.push(v));
+        assert_eq!(refused, ['d'], "tag 2 has no socket");
         assert!(!send.is_full());
-        assert_eq!(send.push(&[0; SEND_SLOT + 1], to_a, 0), None);
-        let mut buf = [0u8; 16];
+        let mut buf = [0u8; 9100];
         let mut got = Vec::new();
         for _ in 0..3 {
             let (n, from) = a.recv_from(&mut buf).unwrap();
@@ -343,7 +351,7 @@ mod tests {
             got,
             [
                 (b"one".to_vec(), rx_at),
-                (b"two".to_vec(), rx_at),
+                (vec![7; 9000], rx_at),
                 (b"uno".to_vec(), c_at)
             ]
         );

@@ -9,6 +9,10 @@
 //! `recvmmsg`), runs the engine's timers and waits again; what the engine queued meanwhile leaves
 //! in one `sendmmsg` per socket. Plain non-blocking syscalls, since an async runtime would learn
 //! of new datagrams only when its reactor next runs (a wake-up and a hand-off per burst).
+//!
+//! Here: the loop, and the forwarding path through it (read, engine, flush). Beside it:
+//! `upstream_sockets` (the connected sockets to each upstream) and `events` (engine events as
+//! rate-limited log lines).
 
 use std::collections::HashMap;
 use std::io;
@@ -23,24 +27,27 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::{mpsc, watch};
 
-use crate::engine::{Client, ConnId, Dest, Engine, Event, Failure, Leg, Outcome, Via};
+use crate::engine::{Client, ConnId, Dest, Engine, Failure, Leg, Outcome, Via};
 use crate::handoff::Drain;
-use crate::listen;
 use crate::mailbox::{Letter, Mailbox};
 use crate::mmsg::{RecvBatch, SendBatch};
+
+mod events;
+mod upstream_sockets;
+
 use crate::roles::Transport;
 use crate::stats::ListenerStats;
 use crate::systemd::Heartbeats;
 use crate::tcp_pool::UpstreamSide;
 use crate::upstream::UpstreamSets;
+use events::EventLog;
+use upstream_sockets::UpstreamSockets;
 
 /// Datagrams read from one socket (one `recvmmsg`) before looking at the others, so no socket
 /// starves the rest; also the replies sent to clients by one `sendmmsg`.
 const BATCH: usize = 64;
 /// Longest an idle loop sleeps before going round (and beating its heartbeat) again.
 const HEARTBEAT_IDLE: Duration = Duration::from_millis(500);
-/// How often a warning about one upstream, or about stale answers, may be logged.
-const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// epoll tokens: the stop eventfd, the mailbox, the listener; upstream socket `i` is `FIRST_UPSTREAM + i`.
 const STOP_TOKEN: u64 = u64::MAX;
@@ -48,7 +55,7 @@ const MAILBOX_TOKEN: u64 = u64::MAX - 1;
 const LISTENER_TOKEN: u64 = 0;
 const FIRST_UPSTREAM: u64 = 1;
 /// The tag of the listener in the send batch; upstream sockets are tagged with their index in
-/// `Shell::sockets`. Sorted last, so the queries of a flush leave before its replies.
+/// `UpstreamSockets`. Sorted last, so the queries of a flush leave before its replies.
 const LISTENER_TAG: usize = usize::MAX;
 
 /// Tells the relay threads to stop: an eventfd in each thread's epoll set, so a sleeping thread
@@ -88,33 +95,21 @@ pub struct Relay {
     pub handed_over: Arc<AtomicBool>,
 }
 
-/// A UDP socket connected to one upstream.
-struct UpstreamSocket {
-    socket: UdpSocket,
-    to: SocketAddr,
-    /// Its number among the sockets of that upstream: the engine's `Via::Udp { socket }`.
-    slot: usize,
-}
-
 /// The state of a running relay thread besides the engine.
 struct Shell {
     epoll: Epoll,
     listener: Option<UdpSocket>,
-    /// Indexed by epoll token minus `FIRST_UPSTREAM`; `None` for sockets closed since.
-    sockets: Vec<Option<UpstreamSocket>>,
-    /// Each upstream's sockets, by slot (indices into `sockets`); empty when none could be made.
-    by_upstream: HashMap<SocketAddr, Vec<usize>>,
-    sockets_per_upstream: usize,
+    /// Watched with epoll tokens `FIRST_UPSTREAM` + index.
+    upstream_sockets: UpstreamSockets,
     mailbox: Arc<Mailbox>,
     tcp: Arc<UpstreamSide>,
     stats: Arc<ListenerStats>,
     clients: HashMap<ConnId, mpsc::Sender<Vec<u8>>>,
-    /// UDP datagrams sent together at the end of each flush, and the try each upstream one is
-    /// for (by its index in the batch).
-    out: SendBatch,
-    out_legs: Vec<Option<Leg>>,
-    /// What the last batch could not send: (index in the batch, why).
-    refusals: Vec<(usize, io::Error)>,
+    /// UDP datagrams sent together at the end of each flush, each with the try it is for (none
+    /// for a reply to a client).
+    out: SendBatch<Option<Leg>>,
+    /// What the last batch could not send, and why.
+    refusals: Vec<(Option<Leg>, io::Error)>,
     failed: Vec<(Leg, Failure)>,
     log: EventLog,
 }
@@ -145,15 +140,12 @@ pub fn run(relay: Relay) {
     let mut shell = Shell {
         epoll,
         listener: Some(listener),
-        sockets: Vec::new(),
-        by_upstream: HashMap::new(),
-        sockets_per_upstream,
+        upstream_sockets: UpstreamSockets::new(sockets_per_upstream),
         mailbox,
         tcp,
         stats,
         clients: HashMap::new(),
         out: SendBatch::new(BATCH),
-        out_legs: vec![None; BATCH],
         refusals: Vec::new(),
         failed: Vec::new(),
         log: EventLog::default(),
@@ -217,7 +209,7 @@ pub fn run(relay: Relay) {
                 }
                 token => {
                     let index = (token - FIRST_UPSTREAM) as usize;
-                    let Some(Some(up)) = shell.sockets.get(index) else {
+                    let Some(up) = shell.upstream_sockets.get(index) else {
                         continue;
                     };
                     let (to, via) = (up.to, Via::Udp { socket: up.slot });
@@ -279,65 +271,16 @@ pub fn run(relay: Relay) {
 }
 
 impl Shell {
-    /// Keeps `sockets_per_upstream` connected sockets for every upstream this listener's
-    /// queries can go to, and closes those of upstreams no longer in use.
+    /// Keeps connected sockets for every upstream this listener's queries can go to, and closes
+    /// those of upstreams no longer in use.
     fn connect_upstreams(&mut self, engine: &Engine) {
         let sets = engine.upstreams();
         let mut wanted: Vec<SocketAddr> = sets.kube_dns.addrs().to_vec();
         if engine.role() == crate::roles::ListenerRole::Node {
             wanted.extend_from_slice(sets.vnet_dns.addrs());
         }
-        let gone: Vec<SocketAddr> = self
-            .by_upstream
-            .keys()
-            .filter(|a| !wanted.contains(a))
-            .copied()
-            .collect();
-        for addr in gone {
-            for index in self.by_upstream.remove(&addr).unwrap_or_default() {
-                if let Some(up) = self.sockets[index].take() {
-                    let _ = self.epoll.delete(&up.socket);
-                }
-            }
-        }
-        for addr in wanted {
-            if self.by_upstream.contains_key(&addr) {
-                continue;
-            }
-            let mut slots = Vec::new();
-            for slot in 0..self.sockets_per_upstream {
-                let socket = match listen::connected_upstream_socket(addr) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(upstream = %addr, error = %e, "cannot open a UDP socket to this upstream");
-                        break;
-                    }
-                };
-                let index = self
-                    .sockets
-                    .iter()
-                    .position(Option::is_none)
-                    .unwrap_or(self.sockets.len());
-                let event = EpollEvent::new(EpollFlags::EPOLLIN, FIRST_UPSTREAM + index as u64);
-                if let Err(e) = self.epoll.add(&socket, event) {
-                    tracing::warn!(upstream = %addr, error = %e, "cannot watch a UDP socket to this upstream");
-                    break;
-                }
-                let up = UpstreamSocket {
-                    socket,
-                    to: addr,
-                    slot,
-                };
-                if index == self.sockets.len() {
-                    self.sockets.push(Some(up));
-                } else {
-                    self.sockets[index] = Some(up);
-                }
-                slots.push(index);
-            }
-            // Fewer sockets than slots: the engine's tries on missing slots fail as NoSocket.
-            self.by_upstream.insert(addr, slots);
-        }
+        self.upstream_sockets
+            .connect(&wanted, &self.epoll, FIRST_UPSTREAM);
     }
 
     fn deliver_letter(&mut self, engine: &mut Engine, letter: Letter) {
@@ -385,13 +328,7 @@ impl Shell {
                     }
                     Dest::Upstream(leg) => match leg.via {
                         Via::Udp { socket } => {
-                            let index = self
-                                .by_upstream
-                                .get(&leg.to)
-                                .and_then(|slots| slots.get(socket))
-                                .copied()
-                                .filter(|&i| self.sockets[i].is_some());
-                            match index {
+                            match self.upstream_sockets.index_of(leg.to, socket) {
                                 Some(i) => self.queue_udp(t.bytes, None, i, Some(leg)),
                                 None => self.failed.push((leg, Failure::NoSocket)),
                             }
@@ -426,118 +363,40 @@ impl Shell {
         if self.out.is_full() {
             self.send_udp();
         }
-        match self.out.push(bytes, to, tag) {
-            Some(i) => self.out_legs[i] = leg,
-            // Larger than a batch slot: on its own.
-            None => {
-                let result = match (to, self.socket(tag)) {
-                    (Some(to), Some(socket)) => socket.send_to(bytes, to),
-                    (None, Some(socket)) => socket.send(bytes),
-                    (_, None) => return,
-                };
-                if let (Err(e), Some(leg)) = (result, leg) {
-                    self.refused(leg, &e);
-                }
-            }
-        }
+        self.out.push(bytes, to, tag, leg);
     }
 
     fn send_udp(&mut self) {
-        let (listener, sockets, refusals) = (&self.listener, &self.sockets, &mut self.refusals);
+        let (listener, sockets, refusals) =
+            (&self.listener, &self.upstream_sockets, &mut self.refusals);
         self.out.send(
             |tag| udp_socket(listener, sockets, tag).map(AsRawFd::as_raw_fd),
-            |i, e| refusals.push((i, e)),
+            |leg, e| refusals.push((leg, e)),
         );
-        for (i, e) in std::mem::take(&mut self.refusals) {
-            match self.out_legs[i] {
-                Some(leg) => self.refused(leg, &e),
+        for (leg, e) in self.refusals.drain(..) {
+            match leg {
+                // A full send queue is congestion here, not a fault of the upstream: the
+                // datagram is lost like any other and the try's timer moves the query on.
+                Some(leg) if e.kind() != io::ErrorKind::WouldBlock => {
+                    self.failed.push((leg, Failure::from_io(&e)))
+                }
+                Some(_) => {}
                 None => tracing::debug!(error = %e, "cannot send a reply to a UDP client"),
             }
         }
-    }
-
-    /// A full send queue is congestion here, not a fault of the upstream: the datagram is lost
-    /// like any other and the try's timer moves the query on.
-    fn refused(&mut self, leg: Leg, e: &io::Error) {
-        if e.kind() != io::ErrorKind::WouldBlock {
-            self.failed.push((leg, Failure::from_io(e)));
-        }
-    }
-
-    fn socket(&self, tag: usize) -> Option<&UdpSocket> {
-        udp_socket(&self.listener, &self.sockets, tag)
     }
 }
 
 /// The socket a send-batch tag names.
 fn udp_socket<'a>(
     listener: &'a Option<UdpSocket>,
-    sockets: &'a [Option<UpstreamSocket>],
+    sockets: &'a UpstreamSockets,
     tag: usize,
 ) -> Option<&'a UdpSocket> {
     if tag == LISTENER_TAG {
         listener.as_ref()
     } else {
-        sockets.get(tag)?.as_ref().map(|up| &up.socket)
-    }
-}
-
-/// Turns engine events into log lines, at most one per upstream (and one about stale answers)
-/// every `WARN_EVERY`, each saying how many it stands for.
-#[derive(Default)]
-struct EventLog {
-    /// Per upstream: when it was last warned about, and failures since.
-    upstreams: HashMap<SocketAddr, (Option<Instant>, u64)>,
-    stale: (Option<Instant>, u64),
-}
-
-impl EventLog {
-    fn event(&mut self, event: Event, now: Instant) {
-        let due = |last: Option<Instant>| last.is_none_or(|t| now.duration_since(t) >= WARN_EVERY);
-        match event {
-            Event::UpstreamSuspect {
-                group,
-                upstream,
-                failure,
-            } => {
-                let (last, missed) = self.upstreams.entry(upstream).or_default();
-                *missed += 1;
-                if due(*last) {
-                    tracing::warn!(
-                        upstream = %upstream,
-                        group = group.name(),
-                        failures = *missed,
-                        "upstream {}; trying other upstreams first",
-                        describe(failure)
-                    );
-                    (*last, *missed) = (Some(now), 0);
-                }
-            }
-            Event::UpstreamRecovered { group, upstream } => {
-                tracing::info!(upstream = %upstream, group = group.name(), "upstream answers again");
-            }
-            Event::ServedStale { answers } => {
-                let (last, unlogged) = &mut self.stale;
-                *unlogged += answers as u64;
-                if due(*last) {
-                    tracing::warn!(
-                        stale = *unlogged,
-                        "upstreams failing; answered from expired cache entries"
-                    );
-                    (*last, *unlogged) = (Some(now), 0);
-                }
-            }
-        }
-    }
-}
-
-fn describe(failure: Failure) -> String {
-    match failure {
-        Failure::TimedOut => "timed out".into(),
-        Failure::Network(kind) => format!("cannot be reached ({kind})"),
-        Failure::NoSocket => "has an address family this host cannot use".into(),
-        Failure::ErrorReply(code) => format!("answered with an error (RCODE {code})"),
-        Failure::Local(kind) => format!("was not tried: out of local resources ({kind})"),
+        sockets.get(tag).map(|up| &up.socket)
     }
 }
 

@@ -1,0 +1,104 @@
+//! A relay thread's UDP sockets to its upstreams: for each upstream, a few sockets connected
+//! from random source ports (an off-path spoofer must guess the port as well as the query ID),
+//! each watched by the thread's epoll. Connected, so the route is looked up once and the
+//! upstream's ICMP errors come back on the socket.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+
+use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
+
+use crate::listen;
+
+/// A UDP socket connected to one upstream.
+pub(super) struct UpstreamSocket {
+    pub socket: UdpSocket,
+    pub to: SocketAddr,
+    /// Its number among the sockets of that upstream: the engine's `Via::Udp { socket }`.
+    pub slot: usize,
+}
+
+pub(super) struct UpstreamSockets {
+    /// By index (epoll token minus the first upstream token); `None` for sockets closed since.
+    sockets: Vec<Option<UpstreamSocket>>,
+    /// Each upstream's sockets, by slot (indices into `sockets`); empty when none could be made.
+    by_upstream: HashMap<SocketAddr, Vec<usize>>,
+    per_upstream: usize,
+}
+
+impl UpstreamSockets {
+    pub fn new(per_upstream: usize) -> UpstreamSockets {
+        UpstreamSockets {
+            sockets: Vec::new(),
+            by_upstream: HashMap::new(),
+            per_upstream,
+        }
+    }
+
+    /// Keeps `per_upstream` connected sockets for every upstream in `wanted`, each in `epoll`
+    /// with token `first_token` plus its index, and closes those of upstreams not in it.
+    pub fn connect(&mut self, wanted: &[SocketAddr], epoll: &Epoll, first_token: u64) {
+        let gone: Vec<SocketAddr> = self
+            .by_upstream
+            .keys()
+            .filter(|a| !wanted.contains(a))
+            .copied()
+            .collect();
+        for addr in gone {
+            for index in self.by_upstream.remove(&addr).unwrap_or_default() {
+                if let Some(up) = self.sockets[index].take() {
+                    let _ = epoll.delete(&up.socket);
+                }
+            }
+        }
+        for &addr in wanted {
+            if self.by_upstream.contains_key(&addr) {
+                continue;
+            }
+            let mut slots = Vec::new();
+            for slot in 0..self.per_upstream {
+                let socket = match listen::connected_upstream_socket(addr) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(upstream = %addr, error = %e, "cannot open a UDP socket to this upstream");
+                        break;
+                    }
+                };
+                let index = self
+                    .sockets
+                    .iter()
+                    .position(Option::is_none)
+                    .unwrap_or(self.sockets.len());
+                let event = EpollEvent::new(EpollFlags::EPOLLIN, first_token + index as u64);
+                if let Err(e) = epoll.add(&socket, event) {
+                    tracing::warn!(upstream = %addr, error = %e, "cannot watch a UDP socket to this upstream");
+                    break;
+                }
+                let up = UpstreamSocket {
+                    socket,
+                    to: addr,
+                    slot,
+                };
+                if index == self.sockets.len() {
+                    self.sockets.push(Some(up));
+                } else {
+                    self.sockets[index] = Some(up);
+                }
+                slots.push(index);
+            }
+            // Fewer sockets than slots: the engine's tries on missing slots fail as NoSocket.
+            self.by_upstream.insert(addr, slots);
+        }
+    }
+
+    /// The open socket at `index`.
+    pub fn get(&self, index: usize) -> Option<&UpstreamSocket> {
+        self.sockets.get(index)?.as_ref()
+    }
+
+    /// The index of the open socket numbered `slot` among those of upstream `to`.
+    pub fn index_of(&self, to: SocketAddr, slot: usize) -> Option<usize> {
+        let index = *self.by_upstream.get(&to)?.get(slot)?;
+        self.get(index).map(|_| index)
+    }
+}
