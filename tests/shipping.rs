@@ -122,7 +122,7 @@ impl ScratchRoot {
         let standins = Path::new(MANIFEST_DIR).join("tests/systemd");
         root.sh(
             "install -m 0644 \"$1/localdns.service\" \"$1/localdns.slice\" \"$ROOT/etc/systemd/system/\" \
-             && install -D -m 0755 \"$1/localdns.sh\" \"$ROOT/opt/test/localdns.sh\"",
+             && install -D -m 0755 \"$1/localdns.sh\" \"$ROOT/opt/azure/containers/localdns/localdns.sh\"",
             &[standins.to_str().expect("utf-8 path")],
         )
         .assert_ok();
@@ -352,6 +352,63 @@ fn the_check_requires_every_directive_of_the_drop_in() {
         root.sh("mv \"$ROOT/$1.orig\" \"$ROOT/$1\"", &[DROPIN])
             .assert_ok();
     }
+    root.check().assert_ok();
+}
+
+/// The drop-in replaces LocalDNS's ExecStopPost= list (the fallback's start first, then LocalDNS's
+/// own cleanup, restated): on a node whose LocalDNS has any other ExecStopPost=, install.sh must
+/// refuse to install and --check must fail, naming it, rather than drop or change LocalDNS's own.
+#[test]
+fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_restate() {
+    require();
+    let deb = package();
+    let install = Path::new(MANIFEST_DIR).join("units/install.sh");
+    let install = install.to_str().expect("utf-8 path");
+    let binary = env!("CARGO_BIN_EXE_localdns-fallback");
+    let unit = "etc/systemd/system/localdns.service";
+    let theirs = "etc/systemd/system/localdns.service.d/10-theirs.conf";
+    for (what, change) in [
+        (
+            "another cleanup command",
+            format!("sed -i 's/^ExecStopPost=.*/& --all/' \"$ROOT/{unit}\""),
+        ),
+        (
+            "a second command from a drop-in of LocalDNS's own",
+            format!(
+                "mkdir -p \"$(dirname \"$ROOT/{theirs}\")\" && \
+                 printf '[Service]\\nExecStopPost=/bin/true\\n' >\"$ROOT/{theirs}\""
+            ),
+        ),
+    ] {
+        let root = ScratchRoot::new();
+        root.sh(&change, &[]).assert_ok();
+        root.sh(
+            "\"$1\" --root \"$ROOT\" --binary \"$2\"",
+            &[install, binary],
+        )
+        .assert_fails_naming("LocalDNS's own ExecStopPost=");
+        root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
+        root.dpkg_install(&deb);
+        root.check()
+            .assert_fails_naming("LocalDNS's own ExecStopPost=");
+        eprintln!("{what}: install refused, check failed");
+    }
+    // A drop-in of LocalDNS's own that restates the same list changes nothing.
+    let root = ScratchRoot::new();
+    root.sh(
+        &format!(
+            "mkdir -p \"$(dirname \"$ROOT/{theirs}\")\" && printf \
+             '[Service]\\nExecStopPost=\\nExecStopPost=/opt/azure/containers/localdns/localdns.sh cleanup\\n' \
+             >\"$ROOT/{theirs}\""
+        ),
+        &[],
+    )
+    .assert_ok();
+    root.sh(
+        "\"$1\" --root \"$ROOT\" --binary \"$2\"",
+        &[install, binary],
+    )
+    .assert_ok();
     root.check().assert_ok();
 }
 

@@ -26,7 +26,8 @@
 //! see them as they come) and summarised, median and worst, in
 //! `target/tmp/systemd-e2e-<suite>.md`; `LOCALDNS_E2E_RUNS` sets the number of runs (default 3).
 //! `LOCALDNS_E2E_BINARY=PATH` runs the scenarios with another build of the binary (e.g. the
-//! release build) instead of the one cargo built for this test.
+//! release build) instead of the one cargo built for this test. `LOCALDNS_E2E_JOURNAL=1` prints
+//! the container's journal around each takeover (where its milliseconds go).
 
 mod common;
 
@@ -1498,6 +1499,9 @@ fn lifecycle_phases(suite: Suite) {
             "takeover at the first failure (LocalDNS exit → first fallback answer, ms)",
             ms(first - exited),
         );
+        if std::env::var_os("LOCALDNS_E2E_JOURNAL").is_some() {
+            eprintln!("---- journal of the crash ----\n{journal}\n----");
+        }
         let starting = stamp("Starting localdns-fallback.service");
         let ready = journal
             .lines()
@@ -1505,7 +1509,7 @@ fn lifecycle_phases(suite: Suite) {
             .and_then(stamp);
         if let (Some(starting), Some(ready)) = (starting, ready) {
             w.add(
-                "  of which: LocalDNS exit → fallback start job (LocalDNS's own ExecStopPost, then ours), ms",
+                "  of which: LocalDNS exit → fallback start job (our ExecStopPost, before LocalDNS's own), ms",
                 ms(starting.saturating_sub(exited)),
             );
             w.add(

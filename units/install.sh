@@ -30,8 +30,14 @@ dropin_directives=(
     "[Service] ExecStartPre=-/opt/azure/containers/localdns/localdns-fallback-handoff starting"
     "[Service] ExecStartPost=-/opt/azure/containers/localdns/localdns-fallback-handoff ready"
     "[Service] ExecStop=-/opt/azure/containers/localdns/localdns-fallback-handoff stopping"
+    "[Service] ExecStopPost="
     "[Service] ExecStopPost=-/opt/azure/containers/localdns/localdns-fallback-handoff stopped"
+    "[Service] ExecStopPost=/opt/azure/containers/localdns/localdns.sh cleanup"
 )
+# The drop-in resets LocalDNS's ExecStopPost= list so that the fallback's start runs first, and
+# restates LocalDNS's own commands after it: these, which must be exactly what LocalDNS's unit
+# (with its other drop-ins) has, or install refuses and --check fails.
+localdns_stop_post=("/opt/azure/containers/localdns/localdns.sh cleanup")
 # ------------------------------------------------------------------------------------------------
 
 root=""
@@ -62,6 +68,50 @@ installed() {
         out+="${out:+, }$root/$dest"
     done
     echo "$out"
+}
+
+# LocalDNS's unit file in this root, in systemd's order of precedence; nothing if there is none.
+localdns_unit() {
+    local dir
+    for dir in etc/systemd/system run/systemd/system lib/systemd/system usr/lib/systemd/system; do
+        if [[ -f $root/$dir/localdns.service ]]; then echo "$root/$dir/localdns.service"; return; fi
+    done
+}
+
+# LocalDNS's own ExecStopPost= commands, one per line, as systemd assembles them from its unit
+# file and its drop-ins other than ours (in file-name order; an empty assignment empties the list).
+localdns_own_stop_post() {
+    local unit dropins=() name dir
+    unit=$(localdns_unit)
+    [[ -n $unit ]] || return 0
+    for name in $(for dir in etc/systemd/system run/systemd/system lib/systemd/system usr/lib/systemd/system; do
+        [[ -d $root/$dir/localdns.service.d ]] && ls "$root/$dir/localdns.service.d"; done | grep '\.conf$' | sort -u); do
+        [[ $name == "${dropin##*/}" ]] && continue
+        for dir in etc/systemd/system run/systemd/system lib/systemd/system usr/lib/systemd/system; do
+            if [[ -f $root/$dir/localdns.service.d/$name ]]; then
+                dropins+=("$root/$dir/localdns.service.d/$name"); break
+            fi
+        done
+    done
+    awk '
+        /^[ \t]*\[/ { section = $0; gsub(/[ \t]/, "", section); next }
+        section == "[Service]" && /^[ \t]*ExecStopPost[ \t]*=/ {
+            v = $0; sub(/^[^=]*=[ \t]*/, "", v); sub(/[ \t]+$/, "", v)
+            if (v == "") n = 0; else list[++n] = v
+        }
+        END { for (i = 1; i <= n; i++) print list[i] }' "$unit" "${dropins[@]}"
+}
+
+# One line naming the difference when LocalDNS's own ExecStopPost= is not what the drop-in
+# restates; nothing when it is (or when this root has no LocalDNS unit).
+stop_post_mismatch() {
+    local own restated
+    [[ -n $(localdns_unit) ]] || return 0
+    own=$(localdns_own_stop_post)
+    restated=$(printf '%s\n' "${localdns_stop_post[@]}")
+    if [[ $own != "$restated" ]]; then
+        echo "LocalDNS's own ExecStopPost= in $(localdns_unit) is [${own//$'\n'/; }], but $dropin restates [${restated//$'\n'/; }] after the fallback's (it replaces LocalDNS's list): update the drop-in and localdns_stop_post in units/install.sh"
+    fi
 }
 
 # The destination of the binary, from the list.
@@ -118,6 +168,8 @@ check() {
         done
     fi
 
+    stop_post_mismatch
+
     # systemd's own reading of the units: clean means no complaint at all (an unknown key or a
     # directive in the wrong section is only a warning, with exit status 0). LocalDNS's unit comes
     # from LocalDNS, not from us: it is verified with our drop-in when the tree has it.
@@ -142,6 +194,8 @@ check() {
 case $action in
     install)
         [[ -x $binary ]] || { echo "install.sh: no binary at $binary (cargo build --release first)" >&2; exit 1; }
+        mismatch=$(stop_post_mismatch)
+        [[ -z $mismatch ]] || { echo "install.sh: not installed: $mismatch" >&2; exit 1; }
         for entry in "${files[@]}"; do
             read -r src dest mode <<<"$entry"
             [[ $src == binary ]] && src=$binary || src=$here/$src

@@ -4,6 +4,8 @@
 set -euo pipefail
 install -m 0644 /opt/test/localdns.service /opt/test/localdns.slice /opt/test/test-upstreams.service \
     /etc/systemd/system/
+# Where AKS keeps LocalDNS's script: the stand-in's ExecStart= and ExecStopPost= name this path.
+install -D -m 0755 /opt/test/localdns.sh /opt/azure/containers/localdns/localdns.sh
 # Our binary, script and units, installed by our own script (it runs daemon-reload: systemd is PID 1
 # here).
 /opt/units/install.sh --binary /opt/bin/localdns-fallback
