@@ -253,11 +253,11 @@ pub fn run(relay: Relay) {
                 return;
             }
         }
-        // After work, look again at once; when idle, sleep until the next deadline, but wake at
-        // least twice a second so the heartbeat shows this loop alive.
-        wait = if ready > 0 {
-            PollTimeout::ZERO
-        } else {
+        // Sleep until the next deadline, waking at least twice a second so the heartbeat shows
+        // this loop alive. Also right after work: epoll is level-triggered, so a socket that
+        // filled meanwhile ends the wait at once, where a zero-timeout look first cost two more
+        // system calls per query at low rates (7.7 against 5.9 per query at 2,000 QPS).
+        wait = {
             let mut until = engine.poll_timeout().map_or(HEARTBEAT_IDLE, |t| {
                 t.saturating_duration_since(now).min(HEARTBEAT_IDLE)
             });
