@@ -8,10 +8,11 @@
 
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 
 use nix::libc;
+use socket2::{SockAddr, SockAddrStorage};
 
 /// Room for the largest datagram UDP can carry: nothing is ever cut. The buffer is allocated
 /// zeroed and untouched, so memory is used only for the bytes that really arrive. Slots start
@@ -95,12 +96,22 @@ impl RecvBatch {
         self.n == self.lens.len()
     }
 
+    /// The datagrams of the last read (from a connected socket, whose sender is known).
+    pub fn datagrams(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.n).map(|i| &self.buf[i * RECV_SLOT..][..self.lens[i]])
+    }
+
     /// The datagrams of the last read, each with its sender when the kernel gave one.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<SocketAddr>)> {
-        (0..self.n).map(|i| {
-            let start = i * RECV_SLOT;
-            let from = from_storage(&self.addrs[i], self.hdrs[i].msg_hdr.msg_namelen);
-            (&self.buf[start..start + self.lens[i]], from)
+    pub fn with_senders(&self) -> impl Iterator<Item = (&[u8], Option<SocketAddr>)> {
+        self.datagrams().enumerate().map(|(i, d)| {
+            let mut storage = SockAddrStorage::zeroed();
+            // SAFETY: a sockaddr_storage viewed as one; the kernel wrote `msg_namelen` bytes of
+            // it and `SockAddr` reads no more than that (and only by the family it finds).
+            let from = unsafe {
+                *storage.view_as::<libc::sockaddr_storage>() = self.addrs[i];
+                SockAddr::new(storage, self.hdrs[i].msg_hdr.msg_namelen)
+            };
+            (d, from.as_socket())
         })
     }
 }
@@ -122,7 +133,7 @@ struct Queued<T> {
     start: usize,
     len: usize,
     tag: usize,
-    to: Option<(libc::sockaddr_storage, libc::socklen_t)>,
+    to: Option<SockAddr>,
     value: T,
 }
 
@@ -151,7 +162,7 @@ impl<T: Copy> SendBatch<T> {
             start,
             len: bytes.len(),
             tag,
-            to: to.map(to_storage),
+            to: to.map(SockAddr::from),
             value,
         });
     }
@@ -183,8 +194,9 @@ impl<T: Copy> SendBatch<T> {
                 iov_len: m.len,
             };
             let h = &mut self.hdrs[k].msg_hdr;
-            (h.msg_name, h.msg_namelen) = match &mut m.to {
-                Some((ss, len)) => ((ss as *mut libc::sockaddr_storage).cast(), *len),
+            // The kernel only reads a send's address.
+            (h.msg_name, h.msg_namelen) = match &m.to {
+                Some(to) => (to.as_ptr().cast_mut().cast(), to.len()),
                 None => (std::ptr::null_mut(), 0),
             };
             h.msg_iov = &mut self.iovs[k];
@@ -237,68 +249,6 @@ impl<T: Copy> SendBatch<T> {
     }
 }
 
-fn to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than sockaddr_in and aligned for it.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
-
-fn from_storage(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
-    let len = len as usize;
-    match ss.ss_family as libc::c_int {
-        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
-            // SAFETY: the kernel wrote a sockaddr_in (family and length say so).
-            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            let ip = Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                ip,
-                u16::from_be(a.sin_port),
-            )))
-        }
-        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: the kernel wrote a sockaddr_in6.
-            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                ip,
-                u16::from_be(a.sin6_port),
-                a.sin6_flowinfo,
-                a.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,7 +267,7 @@ mod tests {
         }
         assert_eq!(recv.recv(&rx).unwrap(), 4);
         assert!(recv.full());
-        let got: Vec<_> = recv.iter().map(|(d, f)| (d.to_vec(), f)).collect();
+        let got: Vec<_> = recv.with_senders().map(|(d, f)| (d.to_vec(), f)).collect();
         for (i, (d, from)) in got.iter().enumerate() {
             assert_eq!(d, &vec![i as u8; 100 + i]);
             assert_eq!(*from, Some(a.local_addr().unwrap()));
@@ -360,7 +310,7 @@ mod tests {
         let rx6 = UdpSocket::bind("[::1]:0").unwrap();
         b.send_to(b"six", rx6.local_addr().unwrap()).unwrap();
         assert_eq!(recv.recv(&rx6).unwrap(), 1);
-        let (d, from) = recv.iter().next().unwrap();
+        let (d, from) = recv.with_senders().next().unwrap();
         assert_eq!(d, b"six");
         assert_eq!(from, Some(b.local_addr().unwrap()));
     }

@@ -189,7 +189,7 @@ pub fn run(relay: Relay) {
                     if let Some(l) = shell.listener.as_ref() {
                         let read = receive(l, &mut batch).unwrap_or(0);
                         let now = Instant::now();
-                        for (packet, from) in batch.iter() {
+                        for (packet, from) in batch.with_senders() {
                             if let Some(from) = from {
                                 engine.handle_query(now, Client::Udp(from), packet);
                             }
@@ -216,7 +216,7 @@ pub fn run(relay: Relay) {
                     match receive(&up.socket, &mut batch) {
                         Ok(_) => {
                             let now = Instant::now();
-                            for (packet, _) in batch.iter() {
+                            for packet in batch.datagrams() {
                                 engine.handle_reply(now, via, to, packet);
                             }
                         }

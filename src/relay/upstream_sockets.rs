@@ -3,7 +3,6 @@
 //! each watched by the thread's epoll. Connected, so the route is looked up once and the
 //! upstream's ICMP errors come back on the socket.
 
-use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
@@ -22,7 +21,9 @@ pub(super) struct UpstreamSockets {
     /// By index (epoll token minus the first upstream token); `None` for sockets closed since.
     sockets: Vec<Option<UpstreamSocket>>,
     /// Each upstream's sockets, by slot (indices into `sockets`); empty when none could be made.
-    by_upstream: HashMap<SocketAddr, Vec<usize>>,
+    /// Looked up on every query sent: a scan of the few upstreams, as `UpstreamSet` does, is
+    /// cheaper than hashing the address.
+    by_upstream: Vec<(SocketAddr, Vec<usize>)>,
     per_upstream: usize,
 }
 
@@ -30,7 +31,7 @@ impl UpstreamSockets {
     pub fn new(per_upstream: usize) -> UpstreamSockets {
         UpstreamSockets {
             sockets: Vec::new(),
-            by_upstream: HashMap::new(),
+            by_upstream: Vec::new(),
             per_upstream,
         }
     }
@@ -38,21 +39,20 @@ impl UpstreamSockets {
     /// Keeps `per_upstream` connected sockets for every upstream in `wanted`, each in `epoll`
     /// with token `first_token` plus its index, and closes those of upstreams not in it.
     pub fn connect(&mut self, wanted: &[SocketAddr], epoll: &Epoll, first_token: u64) {
-        let gone: Vec<SocketAddr> = self
-            .by_upstream
-            .keys()
-            .filter(|a| !wanted.contains(a))
-            .copied()
-            .collect();
-        for addr in gone {
-            for index in self.by_upstream.remove(&addr).unwrap_or_default() {
-                if let Some(up) = self.sockets[index].take() {
-                    let _ = epoll.delete(&up.socket);
+        let sockets = &mut self.sockets;
+        self.by_upstream.retain(|(addr, slots)| {
+            let keep = wanted.contains(addr);
+            if !keep {
+                for &index in slots {
+                    if let Some(up) = sockets[index].take() {
+                        let _ = epoll.delete(&up.socket);
+                    }
                 }
             }
-        }
+            keep
+        });
         for &addr in wanted {
-            if self.by_upstream.contains_key(&addr) {
+            if self.slots_of(addr).is_some() {
                 continue;
             }
             let mut slots = Vec::new();
@@ -87,7 +87,7 @@ impl UpstreamSockets {
                 slots.push(index);
             }
             // Fewer sockets than slots: the engine's tries on missing slots fail as NoSocket.
-            self.by_upstream.insert(addr, slots);
+            self.by_upstream.push((addr, slots));
         }
     }
 
@@ -98,7 +98,14 @@ impl UpstreamSockets {
 
     /// The index of the open socket numbered `slot` among those of upstream `to`.
     pub fn index_of(&self, to: SocketAddr, slot: usize) -> Option<usize> {
-        let index = *self.by_upstream.get(&to)?.get(slot)?;
+        let index = *self.slots_of(to)?.get(slot)?;
         self.get(index).map(|_| index)
+    }
+
+    fn slots_of(&self, to: SocketAddr) -> Option<&[usize]> {
+        self.by_upstream
+            .iter()
+            .find(|(addr, _)| *addr == to)
+            .map(|(_, slots)| slots.as_slice())
     }
 }
