@@ -94,11 +94,12 @@ pub async fn follow(
     }
 }
 
-/// Where the VNet DNS servers in force came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum VnetDnsSource {
-    ResolvConf,
-    Leases,
+/// Why resolv.conf gives nothing usable right now.
+enum ResolvProblem {
+    /// It cannot be read: why.
+    Unreadable(String),
+    /// It names no server but our listeners or loopback stubs.
+    NoServer,
 }
 
 /// The VNet DNS side of following: resolv.conf first; the DHCP leases while resolv.conf names
@@ -110,11 +111,10 @@ struct VnetDnsFollower {
     listeners: Vec<IpAddr>,
     resolv_stamp: Option<resolv_conf::Stamp>,
     leases_stamp: Option<resolv_conf::Stamp>,
-    /// Why resolv.conf gives nothing usable right now (`None`: it does).
-    resolv_problem: Option<String>,
-    /// The problem is that resolv.conf cannot be read (not that it names no usable server).
-    resolv_unreadable: bool,
-    in_force: Option<VnetDnsSource>,
+    /// `None`: resolv.conf gives usable servers.
+    resolv_problem: Option<ResolvProblem>,
+    /// resolv.conf's servers were in force once: they are kept from then on, never the leases'.
+    resolv_conf_served: bool,
     /// The last complaint logged, so each is logged once.
     said: Option<String>,
 }
@@ -128,8 +128,7 @@ impl VnetDnsFollower {
             resolv_stamp: None,
             leases_stamp: None,
             resolv_problem: None,
-            resolv_unreadable: false,
-            in_force: None,
+            resolv_conf_served: false,
             said: None,
         }
     }
@@ -151,34 +150,34 @@ impl VnetDnsFollower {
                         servers,
                         &format!("resolv.conf {path}"),
                     );
-                    self.in_force = Some(VnetDnsSource::ResolvConf);
+                    self.resolv_conf_served = true;
                     self.resolv_problem = None;
                     self.said = None;
                     return;
                 }
-                Err(e) => {
-                    self.resolv_problem = Some(e);
-                    self.resolv_unreadable = true;
-                }
-                Ok(_) => {
-                    self.resolv_problem = Some(format!(
-                        "{path} lists no VNet DNS server (only our listeners or loopback stubs)"
-                    ));
-                    self.resolv_unreadable = false;
-                }
+                Err(e) => self.resolv_problem = Some(ResolvProblem::Unreadable(e)),
+                Ok(_) => self.resolv_problem = Some(ResolvProblem::NoServer),
             }
         }
-        let Some(why) = self.resolv_problem.clone() else {
-            return;
+        let (why, unreadable) = match &self.resolv_problem {
+            None => return,
+            Some(ResolvProblem::Unreadable(e)) => (e.clone(), true),
+            Some(ResolvProblem::NoServer) => (
+                format!(
+                    "{} lists no VNet DNS server (only our listeners or loopback stubs)",
+                    self.resolv_conf.display()
+                ),
+                false,
+            ),
         };
         // Servers resolv.conf named are kept over the leases: the file lists only our own
         // listener while LocalDNS's drop-in is in place, and a missing file is no reason to
         // forget working servers; it holds what the node is configured to use.
-        if self.in_force == Some(VnetDnsSource::ResolvConf) {
+        if self.resolv_conf_served {
             // Naming only our listener is what resolv.conf does whenever LocalDNS starts again
             // (its drop-in is back) while we still serve: nothing to warn about. A file that
             // cannot be read is.
-            let level = if self.resolv_unreadable {
+            let level = if unreadable {
                 tracing::Level::WARN
             } else {
                 tracing::Level::INFO
@@ -202,7 +201,6 @@ impl VnetDnsFollower {
                 match leases::read(dir, &self.listeners) {
                     Ok(servers) if !servers.is_empty() => {
                         swap(publish, metrics, UpstreamGroup::VnetDns, servers, &source);
-                        self.in_force = Some(VnetDnsSource::Leases);
                         self.say(
                             tracing::Level::INFO,
                             format!("{why}; using the VNet DNS servers of the {source} meanwhile"),

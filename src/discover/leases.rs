@@ -79,12 +79,8 @@ pub fn read(dir: &Path, skip: &[IpAddr]) -> Result<Vec<SocketAddr>, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::resolv_conf::testing::{LISTENERS, parsed};
     use super::*;
-
-    const LISTENERS: [IpAddr; 2] = [
-        IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 10, 10)),
-        IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 10, 11)),
-    ];
 
     /// An AKS node's eth0 lease as systemd-networkd 255 writes it (Ubuntu 24.04), addresses
     /// changed.
@@ -107,10 +103,7 @@ OPTION_245=a83f8110
 ";
 
     fn addrs(text: &str) -> Vec<String> {
-        parse(text, &LISTENERS)
-            .iter()
-            .map(ToString::to_string)
-            .collect()
+        parsed(parse, text)
     }
 
     #[test]

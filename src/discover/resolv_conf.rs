@@ -75,20 +75,33 @@ pub fn read(path: &Path, skip: &[IpAddr]) -> Result<Vec<SocketAddr>, String> {
     Ok(parse(&text, skip))
 }
 
+/// What the unit tests of every VNet DNS source share.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod testing {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-    const LISTENERS: [IpAddr; 2] = [
-        IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 10, 10)),
-        IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 10, 11)),
+    /// The listener addresses, which the loop guard skips.
+    pub const LISTENERS: [IpAddr; 2] = [
+        IpAddr::V4(Ipv4Addr::new(169, 254, 10, 10)),
+        IpAddr::V4(Ipv4Addr::new(169, 254, 10, 11)),
     ];
 
-    fn addrs(text: &str) -> Vec<String> {
+    /// The servers a source's `parse` finds in `text`, as strings.
+    pub fn parsed(parse: fn(&str, &[IpAddr]) -> Vec<SocketAddr>, text: &str) -> Vec<String> {
         parse(text, &LISTENERS)
             .iter()
             .map(ToString::to_string)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::parsed;
+    use super::*;
+
+    fn addrs(text: &str) -> Vec<String> {
+        parsed(parse, text)
     }
 
     #[test]

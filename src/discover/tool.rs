@@ -34,26 +34,23 @@ pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, St
         let _ = done.send(out);
     });
     let deadline = Instant::now() + timeout;
-    let out = read.recv_timeout(timeout).map_err(|_| ()).and_then(|out| {
+    let finished = read.recv_timeout(timeout).ok().and_then(|out| {
         // A child that closed its stdout but runs on still gets the rest of the budget.
         loop {
             match child.try_wait() {
-                Ok(Some(_)) => return Ok(out),
+                Ok(Some(status)) => return Some((out, status)),
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(1))
                 }
-                _ => return Err(()),
+                _ => return None,
             }
         }
     });
-    let Ok(out) = out else {
+    let Some((out, status)) = finished else {
         let _ = child.kill();
         let _ = child.wait();
         return Err(format!("{} did not finish within {timeout:?}", shown()));
     };
-    let status = child
-        .wait()
-        .map_err(|e| format!("cannot wait for {}: {e}", shown()))?;
     if !status.success() {
         let mut err = String::new();
         if let Some(mut stderr) = child.stderr.take() {
