@@ -647,6 +647,11 @@ fn several_relay_threads_share_one_listener_and_all_let_go_on_sigterm() {
     let cluster = listener(CLUSTER);
     let answered = topo.node.enter(|| {
         let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        // The answers may all arrive before the last query is sent: the default receive buffer
+        // (212,992 bytes) holds only 256 small datagrams, so give it room for the whole burst.
+        socket2::SockRef::from(&socket)
+            .set_recv_buffer_size(4 << 20)
+            .unwrap();
         // A datagram of the burst lost on the way (the responder's queue) is asked again within
         // one try's budget: wait longer than that for the last answers.
         socket
