@@ -5,6 +5,7 @@
 //! the query flags that change an answer. Every decision (cacheable? for how long? fresh, stale or
 //! dead?) is a pure function of the bytes and the `now` passed in, so the tests need no clock.
 
+use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,10 @@ use crate::wire::{self, rcode};
 
 /// TTL written into stale answers (RFC 8767 §4 suggests 30 s).
 pub const STALE_TTL: u32 = 30;
-/// Bookkeeping per entry beyond its key and reply bytes (LRU node, hash slot, allocator headers;
-/// measured with loadtest/cache-memory.sh),
-/// counted against the byte cap so many tiny entries cannot exceed it.
+/// Bookkeeping per entry beyond its bytes (LRU node, hash slot, allocator headers), counted
+/// against the byte cap so many tiny entries cannot exceed it. loadtest/cache-memory.sh measured
+/// about 190 bytes (20,000 entries: 5.1 MB of resident memory for 1.6 MB of names and replies);
+/// 256 keeps the cap on the safe side.
 const ENTRY_OVERHEAD: usize = 256;
 const TYPE_SOA: u16 = 6;
 const TYPE_OPT: u16 = 41;
@@ -91,35 +93,62 @@ impl Key {
         })
     }
 
-    fn size(&self) -> usize {
-        std::mem::size_of::<Key>() + self.name.len()
+    /// What an entry keeps of the key besides the name.
+    fn head(&self) -> (UpstreamGroup, u16, u16, u8) {
+        (self.group, self.qtype, self.qclass, self.flags)
     }
 }
 
+/// One answer, in one allocation: a miss that evicts the oldest entry touches (and frees) as
+/// little memory as possible, and at 20,000 entries that memory is rarely in the CPU's caches.
 struct Entry {
-    /// The reply as the upstream sent it (ID and question case are the client's business).
-    reply: Box<[u8]>,
-    /// Where each record's TTL sits in `reply`, so served copies can count down.
-    ttl_offsets: Box<[u16]>,
+    /// The key's name, then the reply as the upstream sent it (ID and question case are the
+    /// client's business), then where each record's TTL sits in the reply (two bytes each), so
+    /// served copies can count down.
+    bytes: Vec<u8>,
+    name_len: u16,
+    reply_len: u16,
+    head: (UpstreamGroup, u16, u16, u8),
     stored: Instant,
     fresh_for: Duration,
 }
 
 impl Entry {
     fn size(&self) -> usize {
-        self.reply.len() + self.ttl_offsets.len() * 2 + ENTRY_OVERHEAD
+        self.bytes.len() + ENTRY_OVERHEAD
+    }
+
+    fn is_for(&self, key: &Key) -> bool {
+        self.head == key.head() && self.bytes[..usize::from(self.name_len)] == *key.name
+    }
+
+    fn reply(&self) -> &[u8] {
+        let start = usize::from(self.name_len);
+        &self.bytes[start..start + usize::from(self.reply_len)]
+    }
+
+    fn ttl_offsets(&self) -> impl Iterator<Item = usize> + '_ {
+        let start = usize::from(self.name_len) + usize::from(self.reply_len);
+        self.bytes[start..]
+            .chunks_exact(2)
+            .map(|at| usize::from(u16::from_be_bytes([at[0], at[1]])))
     }
 }
 
-/// How a hit was served.
+/// What the cache holds for a key that it may still serve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hit {
     Fresh,
+    /// Expired, but no longer than `max_stale` ago.
     Stale,
 }
 
 pub struct Cache {
-    lru: LruCache<Key, Entry>,
+    /// Entries by a 64-bit hash of their key. Each entry keeps its whole key and a lookup checks
+    /// it, so two keys with one hash cost one of them its place, never a wrong answer; the map
+    /// itself then never follows a pointer to compare keys.
+    lru: LruCache<u64, Entry>,
+    hasher: foldhash::fast::RandomState,
     limits: Limits,
     bytes: usize,
 }
@@ -132,6 +161,7 @@ impl Cache {
             // Unbounded here, capped in `put`: a bounded LruCache allocates its whole table up
             // front, which for a large --cache-size is memory the byte cap never sees.
             lru: LruCache::unbounded(),
+            hasher: foldhash::fast::RandomState::default(),
             limits,
             bytes: 0,
         })
@@ -149,15 +179,21 @@ impl Cache {
         self.bytes
     }
 
-    /// Copies a fresh answer for `key` into `out` with its TTLs counted down. Answers to be
-    /// returned to a client still need its ID and question spelling.
-    pub fn get_fresh(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
-        let Some(entry) = self.lru.get(key) else {
-            return false;
-        };
+    /// Copies the answer for `key` into `out`: a fresh one with its TTLs counted down, a stale
+    /// one with every TTL set to `STALE_TTL`. A query that misses must know both (is a stale
+    /// answer at hand if upstreams fail?), so this is one lookup, not two. Answers to be returned
+    /// to a client still need its ID and question spelling.
+    pub fn get(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> Option<Hit> {
+        let max_stale = self.limits.max_stale;
+        let hash = self.hasher.hash_one(key);
+        let entry = self.lru.get(&hash).filter(|e| e.is_for(key))?;
         let age = now.saturating_duration_since(entry.stored);
         if age >= entry.fresh_for {
-            return false;
+            if age > entry.fresh_for + max_stale {
+                return None;
+            }
+            copy_with_ttls(entry, |_| STALE_TTL, out);
+            return Some(Hit::Stale);
         }
         // A record alive upstream is never served with TTL 0 (that says "do not cache"), also
         // when --cache-min-ttl keeps it past its own TTL; one that came with TTL 0 keeps it.
@@ -173,13 +209,19 @@ impl Cache {
             },
             out,
         );
-        true
+        Some(Hit::Fresh)
+    }
+
+    /// [`Cache::get`] for a fresh answer only.
+    pub fn get_fresh(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
+        self.get(key, now, out) == Some(Hit::Fresh)
     }
 
     /// Copies an answer for `key` that expired no longer than `max_stale` ago (or is still fresh)
     /// into `out`, every TTL set to `STALE_TTL`: for when every upstream has failed.
     pub fn get_stale(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
-        let Some(entry) = self.lru.get(key) else {
+        let hash = self.hasher.hash_one(key);
+        let Some(entry) = self.lru.get(&hash).filter(|e| e.is_for(key)) else {
             return false;
         };
         let age = now.saturating_duration_since(entry.stored);
@@ -195,27 +237,37 @@ impl Cache {
     pub fn put(&mut self, key: Key, reply: &[u8], now: Instant) -> bool {
         let shared = without_private_options(reply);
         let reply = shared.as_deref().unwrap_or(reply);
-        let Some((fresh_for, ttl_offsets)) = cacheable(reply, &self.limits) else {
+        if reply.len() < wire::HEADER_LEN || reply.len() > usize::from(u16::MAX) {
+            return false;
+        }
+        let records: usize = wire::counts(reply).iter().map(|&n| usize::from(n)).sum();
+        let mut bytes = Vec::with_capacity(key.name.len() + reply.len() + 2 * records);
+        bytes.extend_from_slice(&key.name);
+        bytes.extend_from_slice(reply);
+        let Some(fresh_for) = cacheable(reply, &self.limits, &mut bytes) else {
             return false;
         };
         let entry = Entry {
-            reply: reply.into(),
-            ttl_offsets,
+            bytes,
+            // A wire name is at most 255 bytes, and the reply's length was checked above.
+            name_len: key.name.len() as u16,
+            reply_len: reply.len() as u16,
+            head: key.head(),
             stored: now,
             fresh_for,
         };
-        let size = key.size() + entry.size();
+        let size = entry.size();
         if size > self.limits.bytes {
             return false;
         }
-        if let Some((old_key, old)) = self.lru.push(key, entry) {
-            // push hands back the replaced entry of the same key, or the evicted LRU entry.
-            self.bytes = self.bytes.saturating_sub(old_key.size() + old.size());
+        if let Some((_, old)) = self.lru.push(self.hasher.hash_one(&key), entry) {
+            // push hands back the replaced entry of the same hash, or the evicted LRU entry.
+            self.bytes = self.bytes.saturating_sub(old.size());
         }
         self.bytes += size;
         while self.bytes > self.limits.bytes || self.lru.len() > self.limits.entries {
             match self.lru.pop_lru() {
-                Some((k, e)) => self.bytes -= k.size() + e.size(),
+                Some((_, e)) => self.bytes -= e.size(),
                 None => break,
             }
         }
@@ -240,9 +292,8 @@ fn without_private_options(reply: &[u8]) -> Option<Vec<u8>> {
 
 fn copy_with_ttls(entry: &Entry, ttl: impl Fn(u32) -> u32, out: &mut Vec<u8>) {
     out.clear();
-    out.extend_from_slice(&entry.reply);
-    for &at in entry.ttl_offsets.iter() {
-        let at = usize::from(at);
+    out.extend_from_slice(entry.reply());
+    for at in entry.ttl_offsets() {
         let old = u32::from_be_bytes([out[at], out[at + 1], out[at + 2], out[at + 3]]);
         out[at..at + 4].copy_from_slice(&ttl(old).to_be_bytes());
     }
@@ -253,8 +304,9 @@ fn copy_with_ttls(entry: &Entry, ttl: impl Fn(u32) -> u32, out: &mut Vec<u8>) {
 /// does a NODATA or NXDOMAIN behind a CNAME (RFC 2308 §5: an SOA in the authority section
 /// bounds the whole answer, whatever TTL the CNAME has); both clamped to the limits. SERVFAIL,
 /// REFUSED and every other error, truncated replies, negative answers without an SOA and
-/// anything malformed are not cached.
-fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
+/// anything malformed are not cached. Where each record's TTL sits goes into `ttl_offsets`
+/// (two bytes each).
+fn cacheable(reply: &[u8], limits: &Limits, ttl_offsets: &mut Vec<u8>) -> Option<Duration> {
     if reply.len() < wire::HEADER_LEN
         || wire::is_truncated(reply)
         || reply.len() > usize::from(u16::MAX)
@@ -266,14 +318,13 @@ fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
         return None;
     }
     let records = wire::records(reply)?;
-    let mut offsets = Vec::with_capacity(records.len());
     let mut answer_ttl: Option<u32> = None;
     let mut negative_ttl: Option<u32> = None;
     for rr in &records {
         if rr.rtype == TYPE_OPT {
             continue;
         }
-        offsets.push(rr.ttl_offset as u16);
+        ttl_offsets.extend_from_slice(&(rr.ttl_offset as u16).to_be_bytes());
         match rr.section {
             wire::Section::Answer => {
                 answer_ttl = Some(answer_ttl.map_or(rr.ttl, |t| t.min(rr.ttl)));
@@ -295,7 +346,7 @@ fn cacheable(reply: &[u8], limits: &Limits) -> Option<(Duration, Box<[u16]>)> {
         (None, None) => return None,
     };
     let fresh_for = Duration::from_secs(u64::from(ttl)).clamp(limits.min_ttl, limits.max_ttl);
-    Some((fresh_for, offsets.into_boxed_slice()))
+    Some(fresh_for)
 }
 
 #[cfg(test)]
@@ -394,6 +445,42 @@ mod tests {
         let mut cd = q.clone();
         cd[3] |= 0x10;
         assert_ne!(k, key(&cd), "CD");
+    }
+
+    #[test]
+    fn an_entry_found_under_another_keys_hash_is_not_served() {
+        let mut c = cache();
+        let t0 = Instant::now();
+        let (qa, qb) = (
+            query(1, "a.example", A, false),
+            query(1, "b.example", A, false),
+        );
+        let ra = reply(
+            &qa,
+            0,
+            &[Rr {
+                rtype: A,
+                ttl: 60,
+                rdata: &[1, 2, 3, 4],
+            }],
+            &[],
+        );
+        assert!(c.put(key(&qa), &ra, t0));
+        let mut out = Vec::new();
+        assert_eq!(c.get(&key(&qa), t0, &mut out), Some(Hit::Fresh));
+        // Two keys with one 64-bit hash: b's hash finds a's entry.
+        let (_, entry) = c.lru.pop_lru().unwrap();
+        c.lru.push(c.hasher.hash_one(key(&qb)), entry);
+        assert_eq!(c.get(&key(&qb), t0, &mut out), None);
+        assert!(!c.get_stale(&key(&qb), t0, &mut out));
+        // The same name with another group (or type, class, flags) is another key.
+        let (_, entry) = c.lru.pop_lru().unwrap();
+        let entry = Entry {
+            head: (UpstreamGroup::VnetDns, A, 1, 0),
+            ..entry
+        };
+        c.lru.push(c.hasher.hash_one(key(&qa)), entry);
+        assert_eq!(c.get(&key(&qa), t0, &mut out), None);
     }
 
     #[test]

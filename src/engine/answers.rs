@@ -8,7 +8,7 @@ use super::outbox::Outbox;
 use super::pending::Pending;
 use super::{Client, Dest, Engine, Event, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE};
 use crate::answer;
-use crate::cache::{Cache, Key};
+use crate::cache::{Cache, Hit, Key};
 use crate::wire::{self, rcode};
 
 impl Engine {
@@ -75,6 +75,12 @@ impl Engine {
         for (client, query, q) in p.askers() {
             self.deliver_answer(client, query, q);
         }
+    }
+
+    /// Copies the cached answer, fresh or stale, into `self.answer`.
+    pub(super) fn cached(&mut self, key: &Key, now: Instant) -> Option<Hit> {
+        let cache = self.cache.as_ref()?;
+        lock(cache).get(key, now, &mut self.answer)
     }
 
     /// Copies a fresh (or, with `stale`, an expired but servable) cached answer into

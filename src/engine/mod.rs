@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cache::{Cache, Key};
+use crate::cache::{Cache, Hit, Key};
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 use crate::stats::ListenerStats;
 use crate::upstream::UpstreamSets;
@@ -212,13 +212,14 @@ impl Engine {
             .and_then(|_| Key::new(group, packet, &q));
         let mut stale_known = false;
         if let Some(key) = &key {
-            if self.lookup(key, now, false) {
+            let hit = self.cached(key, now);
+            if hit == Some(Hit::Fresh) {
                 self.stats.cache_hits.fetch_add(1, RELAXED);
                 self.deliver_answer(client, packet, &q);
                 return Outcome::Answered;
             }
             self.stats.cache_misses.fetch_add(1, RELAXED);
-            stale_known = self.lookup(key, now, true);
+            stale_known = hit == Some(Hit::Stale);
             let waiting = self.waiting[transport as usize].get(key).copied();
             // The failure-recheck timer: this name failed lately; answer stale at once, and keep
             // (at most) one refresh going.
@@ -407,10 +408,10 @@ impl Engine {
             return;
         }
         self.note_reply(group, from, now.saturating_duration_since(sent), live);
-        let Some(p) = self.release(slot, now) else {
+        let Some(mut p) = self.release(slot, now) else {
             return;
         };
-        if let (Some(cache), Some(key)) = (&self.cache, p.key.clone()) {
+        if let (Some(cache), Some(key)) = (&self.cache, p.key.take()) {
             lock(cache).put(key, packet, now);
         }
         for (client, query, q) in p.askers() {
