@@ -412,6 +412,66 @@ fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_rest
     root.check().assert_ok();
 }
 
+/// Some AKS images ship a `localdns-fallback.service` of their own (NAT redirects of the listener
+/// addresses, applied by `localdns-fallback.sh`). install.sh must not overwrite it, --uninstall
+/// must not remove it, and --check must name it, also after the `.deb` went in.
+#[test]
+fn another_fallbacks_unit_of_the_same_name_is_neither_overwritten_nor_removed() {
+    require();
+    let deb = package();
+    let install = Path::new(MANIFEST_DIR).join("units/install.sh");
+    let install = install.to_str().expect("utf-8 path");
+    let binary = env!("CARGO_BIN_EXE_localdns-fallback");
+    let theirs = "[Unit]\nDescription=Localdns DNS fallback (NAT redirects)\n[Service]\n\
+                  Type=oneshot\nRemainAfterExit=yes\n\
+                  ExecStart=/opt/azure/containers/localdns/localdns-fallback.sh apply\n\
+                  ExecStop=/opt/azure/containers/localdns/localdns-fallback.sh clear\n";
+    let put_theirs = "printf \"$1\" >\"$ROOT/etc/systemd/system/localdns-fallback.service\"";
+    let still_theirs = "grep -qx 'ExecStart=/opt/azure/containers/localdns/localdns-fallback.sh apply' \
+                        \"$ROOT/etc/systemd/system/localdns-fallback.service\"";
+
+    let root = ScratchRoot::new();
+    root.sh(put_theirs, &[theirs]).assert_ok();
+    root.sh(
+        "\"$1\" --root \"$ROOT\" --binary \"$2\"",
+        &[install, binary],
+    )
+    .assert_fails_naming("another fallback's unit");
+    root.sh(still_theirs, &[]).assert_ok();
+    root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
+    root.check().assert_fails_naming("another fallback's unit");
+
+    // Ours was installed, then theirs took the unit's path: uninstall removes ours only.
+    let root = ScratchRoot::new();
+    root.sh(
+        "\"$1\" --root \"$ROOT\" --binary \"$2\"",
+        &[install, binary],
+    )
+    .assert_ok();
+    root.sh(put_theirs, &[theirs]).assert_ok();
+    root.sh("\"$1\" --uninstall --root \"$ROOT\"", &[install])
+        .assert_ok();
+    root.sh(still_theirs, &[]).assert_ok();
+    root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
+
+    // Our unit is a conffile of the .deb (it lives under /etc): dpkg finds a file it does not own
+    // there and asks what to do, so a run without a terminal stops with an error and keeps
+    // theirs; the check then names it.
+    let root = ScratchRoot::new();
+    root.sh(put_theirs, &[theirs]).assert_ok();
+    let dpkg = root.sh(
+        "dpkg --root=\"$ROOT\" --install \"$1\" </dev/null",
+        &[deb.to_str().expect("utf-8 path")],
+    );
+    assert!(
+        !dpkg.out.status.success() && dpkg.text().contains("conffile prompt"),
+        "dpkg should stop at the conffile prompt:\n{}",
+        dpkg.text()
+    );
+    root.sh(still_theirs, &[]).assert_ok();
+    root.check().assert_fails_naming("another fallback's unit");
+}
+
 #[test]
 fn the_package_and_install_sh_install_the_same_files() {
     require();

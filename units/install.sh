@@ -38,6 +38,13 @@ dropin_directives=(
 # restates LocalDNS's own commands after it: these, which must be exactly what LocalDNS's unit
 # (with its other drop-ins) has, or install refuses and --check fails.
 localdns_stop_post=("/opt/azure/containers/localdns/localdns.sh cleanup")
+# ---- Another fallback of the same name. ------------------------------------------------------------
+# Some AKS images ship a localdns-fallback.service of their own: NAT redirects of the listener
+# addresses, applied by /opt/azure/containers/localdns/localdns-fallback.sh. Ours is the unit whose
+# ExecStart= runs this binary; any other unit at our path is neither overwritten by install nor
+# removed by --uninstall, and --check names it.
+unit=etc/systemd/system/localdns-fallback.service
+our_exec=/opt/azure/containers/localdns/localdns-fallback
 # ------------------------------------------------------------------------------------------------
 
 root=""
@@ -114,6 +121,19 @@ stop_post_mismatch() {
     fi
 }
 
+# One line naming it when the unit at our path is another fallback's; nothing when it is ours or
+# absent.
+foreign_unit() {
+    [[ -f $root/$unit ]] || return 0
+    awk -v ours="$our_exec" '
+        /^[ \t]*ExecStart[ \t]*=/ {
+            v = $0; sub(/^[^=]*=[ \t]*/, "", v); sub(/^[-@:+!]+/, "", v)
+            split(v, word, /[ \t]+/); if (word[1] == ours) found = 1
+        }
+        END { exit !found }' "$root/$unit" ||
+        echo "$root/$unit is another fallback's unit (its ExecStart= does not run $our_exec): remove that fallback, and its wiring in localdns.service, first"
+}
+
 # The destination of the binary, from the list.
 binary_dest() {
     local entry src dest mode
@@ -169,6 +189,7 @@ check() {
     fi
 
     stop_post_mismatch
+    foreign_unit
 
     # systemd's own reading of the units: clean means no complaint at all (an unknown key or a
     # directive in the wrong section is only a warning, with exit status 0). LocalDNS's unit comes
@@ -194,7 +215,7 @@ check() {
 case $action in
     install)
         [[ -x $binary ]] || { echo "install.sh: no binary at $binary (cargo build --release first)" >&2; exit 1; }
-        mismatch=$(stop_post_mismatch)
+        mismatch=$(stop_post_mismatch; foreign_unit)
         [[ -z $mismatch ]] || { echo "install.sh: not installed: $mismatch" >&2; exit 1; }
         for entry in "${files[@]}"; do
             read -r src dest mode <<<"$entry"
@@ -205,16 +226,22 @@ case $action in
         echo "installed $(installed)"
         ;;
     uninstall)
+        foreign=$(foreign_unit) removed=""
         for entry in "${files[@]}"; do
             read -r src dest mode <<<"$entry"
+            if [[ $dest == "$unit" && -n $foreign ]]; then
+                echo "install.sh: left in place: $foreign" >&2
+                continue
+            fi
             rm -f "$root/$dest"
+            removed+="${removed:+, }$root/$dest"
             # A directory left empty goes too (the drop-in's; LocalDNS's own keeps its scripts).
             if [[ $(dirname "$dest") != etc/systemd/system ]]; then
                 rmdir --ignore-fail-on-non-empty "$(dirname "$root/$dest")" 2>/dev/null || true
             fi
         done
         reload
-        echo "removed $(installed)"
+        echo "removed $removed"
         ;;
     check)
         problems=$(check)
