@@ -184,8 +184,7 @@ impl Cache {
     /// to a client still need its ID and question spelling.
     pub fn get(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> Option<Hit> {
         let max_stale = self.limits.max_stale;
-        let hash = self.hasher.hash_one(key);
-        let entry = self.lru.get(&hash).filter(|e| e.is_for(key))?;
+        let entry = self.find(key)?;
         let age = now.saturating_duration_since(entry.stored);
         if age >= entry.fresh_for {
             if age > entry.fresh_for + max_stale {
@@ -212,6 +211,7 @@ impl Cache {
     }
 
     /// [`Cache::get`] for a fresh answer only.
+    #[cfg(test)]
     pub fn get_fresh(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
         self.get(key, now, out) == Some(Hit::Fresh)
     }
@@ -219,16 +219,22 @@ impl Cache {
     /// Copies an answer for `key` that expired no longer than `max_stale` ago (or is still fresh)
     /// into `out`, every TTL set to `STALE_TTL`: for when every upstream has failed.
     pub fn get_stale(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
-        let hash = self.hasher.hash_one(key);
-        let Some(entry) = self.lru.get(&hash).filter(|e| e.is_for(key)) else {
+        let max_stale = self.limits.max_stale;
+        let Some(entry) = self.find(key) else {
             return false;
         };
         let age = now.saturating_duration_since(entry.stored);
-        if age > entry.fresh_for + self.limits.max_stale {
+        if age > entry.fresh_for + max_stale {
             return false;
         }
         copy_with_ttls(entry, |_| STALE_TTL, out);
         true
+    }
+
+    /// The entry for `key` (marked as just used), if the cache has one.
+    fn find(&mut self, key: &Key) -> Option<&Entry> {
+        let hash = self.hasher.hash_one(key);
+        self.lru.get(&hash).filter(|e| e.is_for(key))
     }
 
     /// Stores `reply` if it may be cached; returns whether it was. A COOKIE or ECS option in it
@@ -236,10 +242,14 @@ impl Cache {
     pub fn put(&mut self, key: Key, reply: &[u8], now: Instant) -> bool {
         let shared = without_private_options(reply);
         let reply = shared.as_deref().unwrap_or(reply);
+        // Entries keep lengths and TTL offsets in 16 bits.
         if reply.len() < wire::HEADER_LEN || reply.len() > usize::from(u16::MAX) {
             return false;
         }
-        let records: usize = wire::counts(reply).iter().map(|&n| usize::from(n)).sum();
+        let records: usize = wire::counts(reply)[1..]
+            .iter()
+            .map(|&n| usize::from(n))
+            .sum();
         let mut bytes = Vec::with_capacity(key.name.len() + reply.len() + 2 * records);
         bytes.extend_from_slice(&key.name);
         bytes.extend_from_slice(reply);
@@ -304,12 +314,9 @@ fn copy_with_ttls(entry: &Entry, ttl: impl Fn(u32) -> u32, out: &mut Vec<u8>) {
 /// bounds the whole answer, whatever TTL the CNAME has); both clamped to the limits. SERVFAIL,
 /// REFUSED and every other error, truncated replies, negative answers without an SOA and
 /// anything malformed are not cached. Where each record's TTL sits goes into `ttl_offsets`
-/// (two bytes each).
+/// (two bytes each). `reply` is at least a header long and at most 65,535 bytes (`put` checks).
 fn cacheable(reply: &[u8], limits: &Limits, ttl_offsets: &mut Vec<u8>) -> Option<Duration> {
-    if reply.len() < wire::HEADER_LEN
-        || wire::is_truncated(reply)
-        || reply.len() > usize::from(u16::MAX)
-    {
+    if wire::is_truncated(reply) {
         return None;
     }
     let code = wire::rcode(reply);

@@ -17,7 +17,7 @@ impl Engine {
         let Some(key) = p.key.clone().filter(|_| p.has_askers() && !p.stale_served) else {
             return;
         };
-        if !self.lookup(&key, now, true) {
+        if !self.stale_answer(&key, now) {
             return;
         }
         let mut p = self.slots[slot as usize].pending.take().expect("checked");
@@ -49,7 +49,7 @@ impl Engine {
             return;
         }
         if let Some(key) = &p.key {
-            if self.lookup(key, now, true) {
+            if self.stale_answer(key, now) {
                 self.serve_stale_to_all(&p);
                 return;
             }
@@ -83,18 +83,12 @@ impl Engine {
         lock(cache).get(key, now, &mut self.answer)
     }
 
-    /// Copies a fresh (or, with `stale`, an expired but servable) cached answer into
-    /// `self.answer`.
-    pub(super) fn lookup(&mut self, key: &Key, now: Instant, stale: bool) -> bool {
-        let Some(cache) = &self.cache else {
-            return false;
-        };
-        let mut cache = lock(cache);
-        if stale {
-            cache.get_stale(key, now, &mut self.answer)
-        } else {
-            cache.get_fresh(key, now, &mut self.answer)
-        }
+    /// Copies a servable cached answer (expired or not), every TTL the stale one, into
+    /// `self.answer`: for when upstreams have failed.
+    pub(super) fn stale_answer(&mut self, key: &Key, now: Instant) -> bool {
+        self.cache
+            .as_ref()
+            .is_some_and(|cache| lock(cache).get_stale(key, now, &mut self.answer))
     }
 
     pub(super) fn deliver_answer(&mut self, client: Client, query: &[u8], q: &wire::Query) {
