@@ -158,20 +158,41 @@ impl ScratchRoot {
         }
     }
 
-    fn dpkg_install(&self, deb: &Path) {
+    /// `dpkg --install` of the package into this root, without a terminal (as an image
+    /// pipeline runs it).
+    fn dpkg(&self, deb: &Path) -> Ran {
         self.sh(
-            "dpkg --root=\"$ROOT\" --install \"$1\"",
+            "dpkg --root=\"$ROOT\" --install \"$1\" </dev/null",
             &[deb.to_str().expect("utf-8 path")],
         )
-        .assert_ok();
+    }
+
+    fn dpkg_install(&self, deb: &Path) {
+        self.dpkg(deb).assert_ok();
+    }
+
+    /// `units/install.sh ARGS --root $ROOT`.
+    fn install_sh(&self, args: &[&str]) -> Ran {
+        let script = Path::new(MANIFEST_DIR).join("units/install.sh");
+        let mut all = vec![script.to_str().expect("utf-8 path")];
+        all.extend_from_slice(args);
+        self.sh(
+            "script=$1; shift; \"$script\" \"$@\" --root \"$ROOT\"",
+            &all,
+        )
+    }
+
+    /// Installs this test build's binary with `units/install.sh`.
+    fn install(&self) -> Ran {
+        self.install_sh(&["--binary", env!("CARGO_BIN_EXE_localdns-fallback")])
+    }
+
+    fn uninstall(&self) -> Ran {
+        self.install_sh(&["--uninstall"])
     }
 
     fn check(&self) -> Ran {
-        let script = Path::new(MANIFEST_DIR).join("units/install.sh");
-        self.sh(
-            "\"$1\" --check --root \"$ROOT\"",
-            &[script.to_str().expect("utf-8 path")],
-        )
+        self.install_sh(&["--check"])
     }
 }
 
@@ -362,9 +383,6 @@ fn the_check_requires_every_directive_of_the_drop_in() {
 fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_restate() {
     require();
     let deb = package();
-    let install = Path::new(MANIFEST_DIR).join("units/install.sh");
-    let install = install.to_str().expect("utf-8 path");
-    let binary = env!("CARGO_BIN_EXE_localdns-fallback");
     let unit = "etc/systemd/system/localdns.service";
     let theirs = "etc/systemd/system/localdns.service.d/10-theirs.conf";
     for (what, change) in [
@@ -382,11 +400,8 @@ fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_rest
     ] {
         let root = ScratchRoot::new();
         root.sh(&change, &[]).assert_ok();
-        root.sh(
-            "\"$1\" --root \"$ROOT\" --binary \"$2\"",
-            &[install, binary],
-        )
-        .assert_fails_naming("LocalDNS's own ExecStopPost=");
+        root.install()
+            .assert_fails_naming("LocalDNS's own ExecStopPost=");
         root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
         root.dpkg_install(&deb);
         root.check()
@@ -404,11 +419,7 @@ fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_rest
         &[],
     )
     .assert_ok();
-    root.sh(
-        "\"$1\" --root \"$ROOT\" --binary \"$2\"",
-        &[install, binary],
-    )
-    .assert_ok();
+    root.install().assert_ok();
     root.check().assert_ok();
 }
 
@@ -419,9 +430,6 @@ fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_rest
 fn another_fallbacks_unit_of_the_same_name_is_neither_overwritten_nor_removed() {
     require();
     let deb = package();
-    let install = Path::new(MANIFEST_DIR).join("units/install.sh");
-    let install = install.to_str().expect("utf-8 path");
-    let binary = env!("CARGO_BIN_EXE_localdns-fallback");
     let theirs = "[Unit]\nDescription=Localdns DNS fallback (NAT redirects)\n[Service]\n\
                   Type=oneshot\nRemainAfterExit=yes\n\
                   ExecStart=/opt/azure/containers/localdns/localdns-fallback.sh apply\n\
@@ -432,25 +440,17 @@ fn another_fallbacks_unit_of_the_same_name_is_neither_overwritten_nor_removed() 
 
     let root = ScratchRoot::new();
     root.sh(put_theirs, &[theirs]).assert_ok();
-    root.sh(
-        "\"$1\" --root \"$ROOT\" --binary \"$2\"",
-        &[install, binary],
-    )
-    .assert_fails_naming("another fallback's unit");
+    root.install()
+        .assert_fails_naming("another fallback's unit");
     root.sh(still_theirs, &[]).assert_ok();
     root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
     root.check().assert_fails_naming("another fallback's unit");
 
     // Ours was installed, then theirs took the unit's path: uninstall removes ours only.
     let root = ScratchRoot::new();
-    root.sh(
-        "\"$1\" --root \"$ROOT\" --binary \"$2\"",
-        &[install, binary],
-    )
-    .assert_ok();
+    root.install().assert_ok();
     root.sh(put_theirs, &[theirs]).assert_ok();
-    root.sh("\"$1\" --uninstall --root \"$ROOT\"", &[install])
-        .assert_ok();
+    root.uninstall().assert_ok();
     root.sh(still_theirs, &[]).assert_ok();
     root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
 
@@ -459,10 +459,7 @@ fn another_fallbacks_unit_of_the_same_name_is_neither_overwritten_nor_removed() 
     // theirs; the check then names it.
     let root = ScratchRoot::new();
     root.sh(put_theirs, &[theirs]).assert_ok();
-    let dpkg = root.sh(
-        "dpkg --root=\"$ROOT\" --install \"$1\" </dev/null",
-        &[deb.to_str().expect("utf-8 path")],
-    );
+    let dpkg = root.dpkg(&deb);
     assert!(
         !dpkg.out.status.success() && dpkg.text().contains("conffile prompt"),
         "dpkg should stop at the conffile prompt:\n{}",

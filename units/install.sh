@@ -32,12 +32,14 @@ dropin_directives=(
     "[Service] ExecStop=-/opt/azure/containers/localdns/localdns-fallback-handoff stopping"
     "[Service] ExecStopPost="
     "[Service] ExecStopPost=-/opt/azure/containers/localdns/localdns-fallback-handoff stopped"
-    "[Service] ExecStopPost=/opt/azure/containers/localdns/localdns.sh cleanup"
 )
 # The drop-in resets LocalDNS's ExecStopPost= list so that the fallback's start runs first, and
 # restates LocalDNS's own commands after it: these, which must be exactly what LocalDNS's unit
 # (with its other drop-ins) has, or install refuses and --check fails.
 localdns_stop_post=("/opt/azure/containers/localdns/localdns.sh cleanup")
+for command in "${localdns_stop_post[@]}"; do dropin_directives+=("[Service] ExecStopPost=$command"); done
+# Where systemd looks for units, first to last.
+unit_dirs=(etc/systemd/system run/systemd/system lib/systemd/system usr/lib/systemd/system)
 # ---- Another fallback of the same name. ------------------------------------------------------------
 # Some AKS images ship a localdns-fallback.service of their own: NAT redirects of the listener
 # addresses, applied by /opt/azure/containers/localdns/localdns-fallback.sh. Ours is the unit whose
@@ -80,7 +82,7 @@ installed() {
 # LocalDNS's unit file in this root, in systemd's order of precedence; nothing if there is none.
 localdns_unit() {
     local dir
-    for dir in etc/systemd/system run/systemd/system lib/systemd/system usr/lib/systemd/system; do
+    for dir in "${unit_dirs[@]}"; do
         if [[ -f $root/$dir/localdns.service ]]; then echo "$root/$dir/localdns.service"; return; fi
     done
 }
@@ -88,36 +90,44 @@ localdns_unit() {
 # LocalDNS's own ExecStopPost= commands, one per line, as systemd assembles them from its unit
 # file and its drop-ins other than ours (in file-name order; an empty assignment empties the list).
 localdns_own_stop_post() {
-    local unit dropins=() name dir
-    unit=$(localdns_unit)
-    [[ -n $unit ]] || return 0
-    for name in $(for dir in etc/systemd/system run/systemd/system lib/systemd/system usr/lib/systemd/system; do
+    local localdns dropins=() name dir
+    localdns=$(localdns_unit)
+    [[ -n $localdns ]] || return 0
+    for name in $(for dir in "${unit_dirs[@]}"; do
         [[ -d $root/$dir/localdns.service.d ]] && ls "$root/$dir/localdns.service.d"; done | grep '\.conf$' | sort -u); do
         [[ $name == "${dropin##*/}" ]] && continue
-        for dir in etc/systemd/system run/systemd/system lib/systemd/system usr/lib/systemd/system; do
+        for dir in "${unit_dirs[@]}"; do
             if [[ -f $root/$dir/localdns.service.d/$name ]]; then
                 dropins+=("$root/$dir/localdns.service.d/$name"); break
             fi
         done
     done
-    awk '
+    service_list ExecStopPost "$localdns" "${dropins[@]}"
+}
+
+# The values of the [Service] list KEY in these unit files, one per line, as systemd assembles
+# the list: in order, an empty assignment emptying it.
+service_list() {
+    local key=$1; shift
+    awk -v key="$key" '
         /^[ \t]*\[/ { section = $0; gsub(/[ \t]/, "", section); next }
-        section == "[Service]" && /^[ \t]*ExecStopPost[ \t]*=/ {
+        section == "[Service]" && $0 ~ "^[ \t]*" key "[ \t]*=" {
             v = $0; sub(/^[^=]*=[ \t]*/, "", v); sub(/[ \t]+$/, "", v)
             if (v == "") n = 0; else list[++n] = v
         }
-        END { for (i = 1; i <= n; i++) print list[i] }' "$unit" "${dropins[@]}"
+        END { for (i = 1; i <= n; i++) print list[i] }' "$@"
 }
 
 # One line naming the difference when LocalDNS's own ExecStopPost= is not what the drop-in
 # restates; nothing when it is (or when this root has no LocalDNS unit).
 stop_post_mismatch() {
-    local own restated
-    [[ -n $(localdns_unit) ]] || return 0
+    local own restated localdns
+    localdns=$(localdns_unit)
+    [[ -n $localdns ]] || return 0
     own=$(localdns_own_stop_post)
     restated=$(printf '%s\n' "${localdns_stop_post[@]}")
     if [[ $own != "$restated" ]]; then
-        echo "LocalDNS's own ExecStopPost= in $(localdns_unit) is [${own//$'\n'/; }], but $dropin restates [${restated//$'\n'/; }] after the fallback's (it replaces LocalDNS's list): update the drop-in and localdns_stop_post in units/install.sh"
+        echo "LocalDNS's own ExecStopPost= in $localdns is [${own//$'\n'/; }], but $dropin restates [${restated//$'\n'/; }] after the fallback's (it replaces LocalDNS's list): update the drop-in and localdns_stop_post in units/install.sh"
     fi
 }
 
@@ -125,12 +135,12 @@ stop_post_mismatch() {
 # absent.
 foreign_unit() {
     [[ -f $root/$unit ]] || return 0
-    awk -v ours="$our_exec" '
-        /^[ \t]*ExecStart[ \t]*=/ {
-            v = $0; sub(/^[^=]*=[ \t]*/, "", v); sub(/^[-@:+!]+/, "", v)
-            split(v, word, /[ \t]+/); if (word[1] == ours) found = 1
-        }
-        END { exit !found }' "$root/$unit" ||
+    local start
+    start=$(service_list ExecStart "$root/$unit")
+    # The command without systemd's prefixes (-, @, :, +, !) and without its arguments.
+    while [[ $start == [-@:+!]* ]]; do start=${start:1}; done
+    start=${start%%[[:space:]]*}
+    [[ $start == "$our_exec" ]] ||
         echo "$root/$unit is another fallback's unit (its ExecStart= does not run $our_exec): remove that fallback, and its wiring in localdns.service, first"
 }
 
@@ -196,14 +206,11 @@ check() {
     # from LocalDNS, not from us: it is verified with our drop-in when the tree has it.
     local units=(localdns-fallback.service) root_flag=()
     [[ -n $root ]] && root_flag=(--root="$root")
-    local localdns
-    for localdns in etc/systemd/system lib/systemd/system usr/lib/systemd/system; do
-        if [[ -f $root/$localdns/localdns.service ]]; then units+=(localdns.service); break; fi
-    done
+    [[ -n $(localdns_unit) ]] && units+=(localdns.service)
     if ((${#units[@]} == 1)); then
         echo "note: no localdns.service in $root/: the drop-in was checked by its text only" >&2
     fi
-    if [[ -f $root/etc/systemd/system/localdns-fallback.service ]]; then
+    if [[ -f $root/$unit ]]; then
         local verify
         if ! verify=$(systemd-analyze verify "${root_flag[@]}" "${units[@]}" 2>&1) || [[ -n $verify ]]; then
             echo "systemd-analyze verify ${root_flag[*]} ${units[*]} is not clean:"
