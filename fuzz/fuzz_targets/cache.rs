@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fuzz_support::{Input, NAMES, build_query, shape_reply};
 use libfuzzer_sys::fuzz_target;
-use localdns_fallback::cache::{Cache, Key, Limits};
+use localdns_fallback::cache::{Cache, Hit, Key, Limits};
 use localdns_fallback::roles::UpstreamGroup;
 use localdns_fallback::wire;
 
@@ -58,13 +58,14 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             2 => {
-                for fresh in [true, false] {
-                    let hit = if fresh {
-                        cache.get_fresh(&key, now, &mut out)
+                // What a query asks (fresh or stale, one lookup), then what a failed query asks.
+                for stale_only in [false, true] {
+                    let hit = if stale_only {
+                        cache.get_stale(&key, now, &mut out).then_some(false)
                     } else {
-                        cache.get_stale(&key, now, &mut out)
+                        cache.get(&key, now, &mut out).map(|hit| hit == Hit::Fresh)
                     };
-                    if hit {
+                    if let Some(fresh) = hit {
                         let original = stored.get(&key).expect("a hit for a key never stored");
                         // COOKIE and ECS options (and records after the OPT) are not stored.
                         assert!(out.len() <= original.len());
