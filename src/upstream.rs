@@ -129,7 +129,17 @@ impl UpstreamSet {
     ) -> Option<Choice> {
         // Runs once per try: filters over the rotation order, no allocation.
         let n = self.addrs.len();
-        let order = move || (0..n).map(move |k| (start + k) % n);
+        // One division per try, not one per server visited in each of the passes below.
+        let start = start.checked_rem(n).unwrap_or(0);
+        let order = move || {
+            (0..n).map(move |k| {
+                if start + k < n {
+                    start + k
+                } else {
+                    start + k - n
+                }
+            })
+        };
         let open = move |i: &usize| !excluded.contains(&self.addrs[*i]);
         let fresh = move |i: &usize| open(i) && !tried.contains(&self.addrs[*i]);
         let healthy = move |i: &usize| fresh(i) && !self.suspect(*i);

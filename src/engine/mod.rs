@@ -354,7 +354,7 @@ impl Engine {
             to: from,
             id: wire::id(packet),
         };
-        if let Some(orphan) = self.orphans.remove(&TryKey::of(&leg)) {
+        if let Some(orphan) = self.take_orphan(&leg) {
             // A late answer to a query already answered: it still proves the upstream alive.
             let took = now.saturating_duration_since(orphan.sent);
             self.note_reply(orphan.group, from, took, true);
@@ -438,8 +438,7 @@ impl Engine {
             self.handle_unreachable(now, leg.to);
             return;
         }
-        let key = TryKey::of(&leg);
-        if let Some(orphan) = self.orphans.remove(&key) {
+        if let Some(orphan) = self.take_orphan(&leg) {
             self.note_failure(orphan.group, leg.to, failure);
             return;
         }
@@ -514,8 +513,8 @@ impl Engine {
                 continue;
             }
             match timer.kind {
-                TimerKind::TryTimeout => self.try_timed_out(timer.slot, timer.try_no, now),
-                TimerKind::Hedge => self.hedge(timer.slot, timer.try_no, now),
+                TimerKind::TryTimeout => self.try_timed_out(timer.slot, timer.try_no.into(), now),
+                TimerKind::Hedge => self.hedge(timer.slot, timer.try_no.into(), now),
                 TimerKind::Stale => self.stale_timer(timer.slot, now),
             }
         }
@@ -539,6 +538,15 @@ impl Engine {
                 e.generation == t.generation && e.pending.is_some()
             });
         }
+    }
+
+    /// The orphan a leg belongs to, taken out. Most of the time there are none, and a map's
+    /// `remove` hashes its key even when the map is empty.
+    fn take_orphan(&mut self, leg: &Leg) -> Option<Orphan> {
+        if self.orphans.is_empty() {
+            return None;
+        }
+        self.orphans.remove(&TryKey::of(leg))
     }
 
     fn pending(&self, slot: u32) -> &Pending {

@@ -1,6 +1,7 @@
 //! The engine's book of queries in flight: who is waiting, which tries are out, and the timers.
 
-use std::net::SocketAddr;
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use super::{Client, Leg, Via};
@@ -20,6 +21,8 @@ pub struct Try {
     pub live: bool,
     /// It ended with an error reply: that upstream is not asked again for this query.
     pub errored: bool,
+    /// Its key is in the engine's table of tries: a reply to it would still be taken.
+    pub keyed: bool,
 }
 
 /// A client waiting for an answer besides the first: how it asked (its ID, spelling and size
@@ -149,15 +152,34 @@ pub struct Timer {
     pub at: Instant,
     pub slot: u32,
     pub generation: u32,
-    pub try_no: usize,
+    pub try_no: u8,
     pub kind: TimerKind,
 }
 
 /// Where a try's reply is looked up: UDP by (upstream, socket, ID), TCP by (upstream, ID).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TryKey {
     Udp(SocketAddr, usize, u16),
     Tcp(SocketAddr, u16),
+}
+
+/// A derived hash feeds a `SocketAddr` to the hasher part by part (family, address, port, and
+/// for IPv6 flow label and scope), which cost more than the map lookups themselves; every query
+/// hashes a key about five times. Two words carry all that tells keys apart in practice. Keys that
+/// differ only in an IPv6 flow label or scope share a hash, and equality still tells them apart.
+impl Hash for TryKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let (to, tag) = match *self {
+            TryKey::Udp(to, socket, id) => (to, (socket as u64) << 17 | u64::from(id) << 1),
+            TryKey::Tcp(to, id) => (to, u64::from(id) << 1 | 1),
+        };
+        let ip = match to.ip() {
+            IpAddr::V4(ip) => u128::from(ip.to_bits()),
+            IpAddr::V6(ip) => ip.to_bits(),
+        };
+        h.write_u128(ip);
+        h.write_u64(tag ^ u64::from(to.port()) << 48);
+    }
 }
 
 impl TryKey {

@@ -32,7 +32,23 @@ impl Engine {
         }
     }
 
+    /// A try's hedge timer fired: the try's own timeout is armed now, and a hedge goes out if
+    /// the try is still the latest and the budget allows.
     pub(super) fn hedge(&mut self, slot: u32, try_no: usize, now: Instant) {
+        let p = self.pending(slot);
+        let timeout = p.tries[try_no]
+            .filter(|t| t.live)
+            .map(|t| (t.sent + self.settings.upstream_timeout).min(p.deadline));
+        if let Some(at) = timeout {
+            let generation = self.slots[slot as usize].generation;
+            self.timers.push(Reverse(Timer {
+                at,
+                slot,
+                generation,
+                try_no: try_no as u8,
+                kind: TimerKind::TryTimeout,
+            }));
+        }
         let p = self.pending(slot);
         let still_out = p.tries[try_no].is_some_and(|t| t.live);
         if p.hedged || !still_out || try_no + 1 != p.ntries || p.ntries == MAX_TRIES {
@@ -68,7 +84,8 @@ impl Engine {
         let p = self.pending_mut(slot);
         if let Some(t) = p.tries[try_no].as_mut() {
             t.live = false;
-            if !may_still_answer {
+            if !may_still_answer && t.keyed {
+                t.keyed = false;
                 let key = TryKey::of(&t.leg);
                 self.keys.remove(&key);
             }
@@ -131,13 +148,16 @@ impl Engine {
     }
 
     /// Frees a query's slot; tries still out become orphans, awaited for the health they tell.
+    #[inline(always)]
     pub(super) fn release(&mut self, slot: u32, now: Instant) -> Option<Pending> {
         let entry = &mut self.slots[slot as usize];
         let pending = entry.pending.take()?;
         entry.generation = entry.generation.wrapping_add(1);
         for t in pending.tries.iter().flatten() {
             let key = TryKey::of(&t.leg);
-            self.keys.remove(&key);
+            if t.keyed {
+                self.keys.remove(&key);
+            }
             if !t.live {
                 continue;
             }
@@ -193,7 +213,6 @@ impl Engine {
                 }
                 return;
             };
-            let set = self.upstreams.get(group).clone();
             let via = match transport {
                 Transport::Udp if refetch.is_none() => Via::Udp {
                     socket: self
@@ -220,8 +239,10 @@ impl Engine {
                 sent: now,
                 live: true,
                 errored: false,
+                keyed: true,
             });
             let timeout = (now + upstream_timeout).min(p.deadline);
+            let set = self.upstreams.get(group);
             let hedge_at = (!p.hedged && p.ntries < MAX_TRIES).then(|| {
                 let delay = if choice.probe {
                     HEDGE_FLOOR
@@ -234,19 +255,21 @@ impl Engine {
                 answer::upstream_query(&p.query, &p.q, leg.id, out);
             });
             self.keys.insert(TryKey::of(&leg), (slot, generation));
-            let timer = |at, kind| {
-                Reverse(Timer {
-                    at,
-                    slot,
-                    generation,
-                    try_no,
-                    kind,
-                })
+            // One timer per try at a time: the hedge's if it comes first, and the timeout's only
+            // once the hedge has fired. Nearly every try is answered long before its hedge
+            // (5 ms at least), so the heap holds milliseconds' worth of dead timers instead of
+            // the upstream timeout's worth (a second, 60,000 queries at full load).
+            let (at, kind) = match hedge_at.filter(|at| *at < timeout) {
+                Some(at) => (at, TimerKind::Hedge),
+                None => (timeout, TimerKind::TryTimeout),
             };
-            self.timers.push(timer(timeout, TimerKind::TryTimeout));
-            if let Some(at) = hedge_at.filter(|at| *at < timeout) {
-                self.timers.push(timer(at, TimerKind::Hedge));
-            }
+            self.timers.push(Reverse(Timer {
+                at,
+                slot,
+                generation,
+                try_no: try_no as u8,
+                kind,
+            }));
             set.note_sent(choice.addr);
             return;
         }

@@ -79,6 +79,12 @@ fn one_hedge_per_query_and_hedges_stay_a_bounded_share() {
     let most = 900 / HEDGE_COST as usize + (HEDGE_BURST / HEDGE_COST) as usize;
     assert!(extra <= most, "{extra} hedges, more than {most}");
     assert!(extra >= 150, "but hedges do happen: {extra}");
+    // A try whose hedge was not paid for still times out: every query ends by its deadline.
+    for ms in (1000..=3600).step_by(50) {
+        rig.tick(ms);
+    }
+    assert_eq!(rig.engine.inflight(), 0);
+    assert_eq!(rig.to_client().len(), 1000);
 }
 
 #[test]
