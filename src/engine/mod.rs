@@ -68,6 +68,11 @@ const HEDGE_UNKNOWN: Duration = Duration::from_millis(100);
 const HEDGE_COST: u32 = 5;
 /// Tokens saved up at most: a burst of losses can be hedged.
 const HEDGE_BURST: u32 = 50 * HEDGE_COST;
+/// Query buffers kept for reuse, so a query costs no allocation: as many as were in flight at
+/// once, up to 1,024 of at most 512 bytes (512 KiB per relay thread at worst; a bigger query is
+/// allocated and freed as before).
+const SPARE_QUERIES: usize = 1024;
+const SPARE_QUERY_BYTES: usize = 512;
 /// Names whose refresh failed, remembered for the failure-recheck timer; beyond this the oldest
 /// memories go.
 const RECHECK_CAP: usize = 4096;
@@ -105,6 +110,8 @@ pub struct Engine {
     rng: StdRng,
     outbox: Outbox,
     events: VecDeque<Event>,
+    /// Buffers of answered queries, for the next ones (`Pending::query`).
+    spare_queries: Vec<Vec<u8>>,
     /// A cached answer being handed out.
     answer: Vec<u8>,
     scratch: Vec<u8>,
@@ -143,6 +150,7 @@ impl Engine {
             rng,
             outbox: Outbox::default(),
             events: VecDeque::new(),
+            spare_queries: Vec::new(),
             answer: Vec::new(),
             scratch: Vec::new(),
         }
@@ -303,8 +311,10 @@ impl Engine {
         stale_known: bool,
     ) {
         self.hedge_tokens = (self.hedge_tokens + 1).min(HEDGE_BURST);
+        let mut query = self.spare_queries.pop().unwrap_or_default();
+        query.extend_from_slice(packet);
         let pending = Pending {
-            query: packet.into(),
+            query,
             q,
             client,
             followers: Vec::new(),
@@ -423,6 +433,11 @@ impl Engine {
                 query,
                 q,
             );
+        }
+        let mut query = p.query;
+        if self.spare_queries.len() < SPARE_QUERIES && query.capacity() <= SPARE_QUERY_BYTES {
+            query.clear();
+            self.spare_queries.push(query);
         }
     }
 

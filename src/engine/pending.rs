@@ -36,8 +36,8 @@ pub struct Asker {
 /// A query waiting for upstreams, with any identical queries that arrived while it was on its
 /// way (they share its answer instead of multiplying upstream load).
 pub struct Pending {
-    /// The first asker's query: what goes upstream.
-    pub query: Box<[u8]>,
+    /// The first asker's query: what goes upstream. A buffer of an earlier query, reused.
+    pub query: Vec<u8>,
     pub q: wire::Query,
     /// The first asker; `None` once it was answered (stale) while the query goes on to refresh
     /// the cache, or for a refresh nobody waits on.
