@@ -5,8 +5,9 @@
 //! the query flags that change an answer. Every decision (cacheable? for how long? fresh, stale or
 //! dead?) is a pure function of the bytes and the `now` passed in, so the tests need no clock.
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::num::NonZeroUsize;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
@@ -53,8 +54,11 @@ impl Default for Limits {
 }
 
 /// What identifies an answer: same key, same answer.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Key {
+    /// A seeded 64-bit hash of the rest, made once: a query that misses looks its key up in the
+    /// cache and in the table of waiting queries, and both again when the answer comes.
+    hash: u64,
     group: UpstreamGroup,
     /// The question name in lower-case wire form.
     name: Box<[u8]>,
@@ -84,7 +88,9 @@ impl Key {
             | (u8::from(wire::checking_disabled(query)) << 2)
             | (u8::from(rd) << 3)
             | (u8::from(ad && !q.dnssec_ok) << 4);
+        let hash = key_hasher().hash_one((group, &name, q.qtype, q.qclass, flags));
         Some(Key {
+            hash,
             group,
             name,
             qtype: q.qtype,
@@ -97,6 +103,20 @@ impl Key {
     fn head(&self) -> (UpstreamGroup, u16, u16, u8) {
         (self.group, self.qtype, self.qclass, self.flags)
     }
+}
+
+/// Maps keyed by `Key` hash only its hash, with their own seed.
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.hash);
+    }
+}
+
+/// The seed of every key's hash: random per process (so a client cannot aim names at one hash),
+/// the same for every key in it (so keys made anywhere in the process compare and find entries).
+fn key_hasher() -> &'static foldhash::fast::RandomState {
+    static HASHER: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
+    HASHER.get_or_init(Default::default)
 }
 
 /// One answer, in one allocation: a miss that evicts the oldest entry touches (and frees) as
@@ -147,7 +167,6 @@ pub struct Cache {
     /// Entries by a 64-bit hash of their key. Each entry keeps its whole key and a lookup checks
     /// it, so two keys with one hash cost one of them its place, never a wrong answer.
     lru: LruCache<u64, Entry>,
-    hasher: foldhash::fast::RandomState,
     limits: Limits,
     bytes: usize,
 }
@@ -160,7 +179,6 @@ impl Cache {
             // Unbounded here, capped in `put`: a bounded LruCache allocates its whole table up
             // front, which for a large --cache-size is memory the byte cap never sees.
             lru: LruCache::unbounded(),
-            hasher: foldhash::fast::RandomState::default(),
             limits,
             bytes: 0,
         })
@@ -233,8 +251,7 @@ impl Cache {
 
     /// The entry for `key` (marked as just used), if the cache has one.
     fn find(&mut self, key: &Key) -> Option<&Entry> {
-        let hash = self.hasher.hash_one(key);
-        self.lru.get(&hash).filter(|e| e.is_for(key))
+        self.lru.get(&key.hash).filter(|e| e.is_for(key))
     }
 
     /// Stores `reply` if it may be cached; returns whether it was. A COOKIE or ECS option in it
@@ -269,7 +286,7 @@ impl Cache {
         if size > self.limits.bytes {
             return false;
         }
-        if let Some((_, old)) = self.lru.push(self.hasher.hash_one(&key), entry) {
+        if let Some((_, old)) = self.lru.push(key.hash, entry) {
             // push hands back the replaced entry of the same hash, or the evicted LRU entry.
             self.bytes = self.bytes.saturating_sub(old.size());
         }
@@ -476,7 +493,7 @@ mod tests {
         assert_eq!(c.get(&key(&qa), t0, &mut out), Some(Hit::Fresh));
         // Two keys with one 64-bit hash: b's hash finds a's entry.
         let (_, entry) = c.lru.pop_lru().unwrap();
-        c.lru.push(c.hasher.hash_one(key(&qb)), entry);
+        c.lru.push(key(&qb).hash, entry);
         assert_eq!(c.get(&key(&qb), t0, &mut out), None);
         assert!(!c.get_stale(&key(&qb), t0, &mut out));
         // The same name with another group (or type, class, flags) is another key.
@@ -485,7 +502,7 @@ mod tests {
             head: (UpstreamGroup::VnetDns, A, 1, 0),
             ..entry
         };
-        c.lru.push(c.hasher.hash_one(key(&qa)), entry);
+        c.lru.push(key(&qa).hash, entry);
         assert_eq!(c.get(&key(&qa), t0, &mut out), None);
     }
 
