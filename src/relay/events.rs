@@ -10,6 +10,10 @@ use crate::engine::{Event, Failure};
 
 /// How often a warning about one upstream, or about stale answers, may be logged.
 const WARN_EVERY: Duration = Duration::from_secs(10);
+/// Upstreams remembered; past this, those not warned about within `WARN_EVERY` are forgotten
+/// (their next warning is simply due at once). Discovery replaces kube-dns backends as pods
+/// come and go, so over months the addresses that ever failed are not bounded by themselves.
+const REMEMBERED: usize = 1024;
 
 /// Turns engine events into log lines, at most one per upstream (and one about stale answers)
 /// every `WARN_EVERY`, each saying how many it stands for.
@@ -29,6 +33,11 @@ impl EventLog {
                 upstream,
                 failure,
             } => {
+                if self.upstreams.len() >= REMEMBERED && !self.upstreams.contains_key(&upstream) {
+                    self.upstreams.retain(|_, (last, _)| {
+                        last.is_some_and(|t| now.duration_since(t) < WARN_EVERY)
+                    });
+                }
                 let (last, missed) = self.upstreams.entry(upstream).or_default();
                 *missed += 1;
                 if due(*last) {
@@ -67,5 +76,29 @@ fn describe(failure: Failure) -> String {
         Failure::NoSocket => "has an address family this host cannot use".into(),
         Failure::ErrorReply(code) => format!("answered with an error (RCODE {code})"),
         Failure::Local(kind) => format!("was not tried: out of local resources ({kind})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::roles::UpstreamGroup;
+
+    #[test]
+    fn upstreams_that_failed_long_ago_are_forgotten() {
+        let mut log = EventLog::default();
+        let t0 = Instant::now();
+        for i in 0..5000u32 {
+            let upstream = SocketAddr::from((std::net::Ipv4Addr::from(0x0a00_0000 + i), 53));
+            let event = Event::UpstreamSuspect {
+                group: UpstreamGroup::KubeDns,
+                upstream,
+                failure: Failure::TimedOut,
+            };
+            log.event(event, t0 + Duration::from_millis(u64::from(i) * 20));
+            assert!(log.upstreams.len() <= REMEMBERED, "at {i}");
+        }
+        // Those warned about within the last WARN_EVERY are kept (500 at one per 20 ms).
+        assert!(log.upstreams.len() >= 500, "{}", log.upstreams.len());
     }
 }
