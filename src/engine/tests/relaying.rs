@@ -210,3 +210,15 @@ fn every_query_gets_exactly_one_reply_and_nothing_stays_in_flight() {
         assert_eq!(rig.engine.inflight(), 0);
     }
 }
+
+#[test]
+fn an_answered_query_leaves_no_timer_to_wake_for() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    rig.query(&query(1, "a.svc", None), 0);
+    assert!(rig.engine.poll_timeout().is_some(), "the try's timer");
+    let (leg, sent) = rig.last_upstream();
+    rig.reply(leg, reply(&sent, false, 0));
+    // The shell runs the timers after every turn; a dead timer must not set its next wake-up.
+    rig.tick(0);
+    assert_eq!(rig.engine.poll_timeout(), None);
+}
