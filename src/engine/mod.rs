@@ -331,7 +331,6 @@ impl Engine {
             refetch: None,
         };
         let slot = self.allocate(pending);
-        let generation = self.slots[slot as usize].generation;
         if let Some(key) = key {
             self.waiting[transport as usize].insert(key, slot);
         }
@@ -341,13 +340,7 @@ impl Engine {
             && client.is_some()
             && self.settings.stale_after < self.settings.query_timeout
         {
-            self.timers.push(Reverse(Timer {
-                at: now + self.settings.stale_after,
-                slot,
-                generation,
-                try_no: 0,
-                kind: TimerKind::Stale,
-            }));
+            self.arm(slot, 0, now + self.settings.stale_after, TimerKind::Stale);
         }
         self.next_try(slot, now);
     }
@@ -388,12 +381,13 @@ impl Engine {
         let (sent, live) = p.tries[try_no].map_or((now, false), |t| (t.sent, t.live));
         // We advertise at most 1232 bytes upstream, so the UDP leg never needs fragments; an
         // asker that takes more gets the whole answer fetched over TCP instead of a cut one.
-        let wants_more = p
-            .askers()
-            .any(|(client, _, q)| reply_limit(client, q) > usize::from(wire::OUR_EDNS_SIZE));
+        let wants_more = || {
+            p.askers()
+                .any(|(client, _, q)| reply_limit(client, q) > usize::from(wire::OUR_EDNS_SIZE))
+        };
         if wire::is_truncated(packet)
             && matches!(via, Via::Udp { .. })
-            && wants_more
+            && wants_more()
             && p.ntries < MAX_TRIES
             && now < p.deadline
         {
@@ -492,10 +486,7 @@ impl Engine {
             .map(|(k, &(slot, generation))| (*k, slot, generation))
             .collect();
         for (key, slot, generation) in hit {
-            if self.slots[slot as usize].generation != generation {
-                continue;
-            }
-            let Some(p) = self.slots[slot as usize].pending.as_ref() else {
+            let Some(p) = self.slots[slot as usize].holds(generation) else {
                 continue;
             };
             let Some(try_no) = p
@@ -516,15 +507,20 @@ impl Engine {
     /// Runs every timer that is due: tries out of budget, hedges, serve-stale's client-response
     /// timer, and the deadlines of orphaned tries.
     pub fn handle_timeout(&mut self, now: Instant) {
+        // A timer whose query has ended is dead, and goes as soon as it is at the top, due or
+        // not, so poll_timeout never wakes the thread for it: nearly every query is answered
+        // before its hedge timer (5 ms at least).
         while let Some(Reverse(top)) = self.timers.peek() {
-            if top.at > now {
+            let live = self.slots[top.slot as usize]
+                .holds(top.generation)
+                .is_some();
+            if live && top.at > now {
                 break;
             }
             let Some(Reverse(timer)) = self.timers.pop() else {
                 break;
             };
-            let entry = &self.slots[timer.slot as usize];
-            if entry.generation != timer.generation || entry.pending.is_none() {
+            if !live {
                 continue;
             }
             match timer.kind {
@@ -532,17 +528,6 @@ impl Engine {
                 TimerKind::Hedge => self.hedge(timer.slot, timer.try_no.into(), now),
                 TimerKind::Stale => self.stale_timer(timer.slot, now),
             }
-        }
-        // A timer whose query has ended is dead. Dead timers at the top of the heap go now,
-        // not when due, so poll_timeout does not wake the thread for them: nearly every query
-        // is answered before its hedge timer (5 ms at least), and at a few thousand queries a
-        // second those wake-ups would come between queries.
-        while let Some(Reverse(top)) = self.timers.peek() {
-            let entry = &self.slots[top.slot as usize];
-            if entry.generation == top.generation && entry.pending.is_some() {
-                break;
-            }
-            self.timers.pop();
         }
         while let Some(Reverse((at, key))) = self.orphan_timers.peek().copied() {
             if at > now {
@@ -559,10 +544,8 @@ impl Engine {
         // is many, so drop them early rather than let the heap grow with the query rate.
         if self.timers.len() > 4 * (self.settings.max_inflight + 1024) {
             let slots = &self.slots;
-            self.timers.retain(|Reverse(t)| {
-                let e = &slots[t.slot as usize];
-                e.generation == t.generation && e.pending.is_some()
-            });
+            self.timers
+                .retain(|Reverse(t)| slots[t.slot as usize].holds(t.generation).is_some());
         }
     }
 

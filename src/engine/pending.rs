@@ -136,6 +136,15 @@ pub struct Slot {
     pub pending: Option<Pending>,
 }
 
+impl Slot {
+    /// The query a key or timer of this `generation` was made for, if it is still in flight.
+    pub fn holds(&self, generation: u32) -> Option<&Pending> {
+        self.pending
+            .as_ref()
+            .filter(|_| self.generation == generation)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TimerKind {
     /// The try's budget is used up.

@@ -40,14 +40,7 @@ impl Engine {
             .filter(|t| t.live)
             .map(|t| (t.sent + self.settings.upstream_timeout).min(p.deadline));
         if let Some(at) = timeout {
-            let generation = self.slots[slot as usize].generation;
-            self.timers.push(Reverse(Timer {
-                at,
-                slot,
-                generation,
-                try_no: try_no as u8,
-                kind: TimerKind::TryTimeout,
-            }));
+            self.arm(slot, try_no, at, TimerKind::TryTimeout);
         }
         let p = self.pending(slot);
         let still_out = p.tries[try_no].is_some_and(|t| t.live);
@@ -70,11 +63,7 @@ impl Engine {
     /// The query and try index a leg belongs to, while a reply to it would still be taken.
     pub(super) fn find_try(&self, leg: &Leg) -> Option<(u32, usize)> {
         let &(slot, generation) = self.keys.get(&TryKey::of(leg))?;
-        let entry = &self.slots[slot as usize];
-        let p = entry
-            .pending
-            .as_ref()
-            .filter(|_| entry.generation == generation)?;
+        let p = self.slots[slot as usize].holds(generation)?;
         Some((slot, p.try_index(leg)?))
     }
 
@@ -256,23 +245,28 @@ impl Engine {
             });
             self.keys.insert(TryKey::of(&leg), (slot, generation));
             // One timer per try at a time: the hedge's if it comes first, and the timeout's only
-            // once the hedge has fired. Nearly every try is answered long before its hedge
-            // (5 ms at least), so the heap holds milliseconds' worth of dead timers instead of
-            // the upstream timeout's worth (a second, 60,000 queries at full load).
+            // once the hedge has fired (see `hedge`). Nearly every try is answered long before
+            // its hedge (5 ms at least), so the heap holds milliseconds' worth of timers, not the
+            // upstream timeout's worth.
             let (at, kind) = match hedge_at.filter(|at| *at < timeout) {
                 Some(at) => (at, TimerKind::Hedge),
                 None => (timeout, TimerKind::TryTimeout),
             };
-            self.timers.push(Reverse(Timer {
-                at,
-                slot,
-                generation,
-                try_no: try_no as u8,
-                kind,
-            }));
             set.note_sent(choice.addr);
+            self.arm(slot, try_no, at, kind);
             return;
         }
+    }
+
+    /// Sets a timer for the query now in `slot` (try `try_no`, or 0 for the query's own).
+    pub(super) fn arm(&mut self, slot: u32, try_no: usize, at: Instant, kind: TimerKind) {
+        self.timers.push(Reverse(Timer {
+            at,
+            slot,
+            generation: self.slots[slot as usize].generation,
+            try_no: try_no as u8,
+            kind,
+        }));
     }
 
     /// A leg with a query ID not in use on that socket (UDP) or to that upstream (TCP).
