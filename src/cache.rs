@@ -138,6 +138,18 @@ impl Entry {
         self.bytes.len() + ENTRY_OVERHEAD
     }
 
+    /// Fresh until its TTL runs out, then stale for `max_stale`, then of no use.
+    fn state(&self, now: Instant, max_stale: Duration) -> Option<Hit> {
+        let age = now.saturating_duration_since(self.stored);
+        if age < self.fresh_for {
+            Some(Hit::Fresh)
+        } else if age <= self.fresh_for + max_stale {
+            Some(Hit::Stale)
+        } else {
+            None
+        }
+    }
+
     fn is_for(&self, key: &Key) -> bool {
         self.head == key.head() && self.bytes[..usize::from(self.name_len)] == *key.name
     }
@@ -203,17 +215,14 @@ impl Cache {
     pub fn get(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> Option<Hit> {
         let max_stale = self.limits.max_stale;
         let entry = self.find(key)?;
-        let age = now.saturating_duration_since(entry.stored);
-        if age >= entry.fresh_for {
-            if age > entry.fresh_for + max_stale {
-                return None;
-            }
+        if entry.state(now, max_stale)? == Hit::Stale {
             copy_with_ttls(entry, |_| STALE_TTL, out);
             return Some(Hit::Stale);
         }
         // A record alive upstream is never served with TTL 0 (that says "do not cache"), also
         // when --cache-min-ttl keeps it past its own TTL; one that came with TTL 0 keeps it.
-        let age = age.as_secs().min(u64::from(u32::MAX)) as u32;
+        let age = now.saturating_duration_since(entry.stored).as_secs();
+        let age = age.min(u64::from(u32::MAX)) as u32;
         copy_with_ttls(
             entry,
             |ttl| {
@@ -238,13 +247,9 @@ impl Cache {
     /// into `out`, every TTL set to `STALE_TTL`: for when every upstream has failed.
     pub fn get_stale(&mut self, key: &Key, now: Instant, out: &mut Vec<u8>) -> bool {
         let max_stale = self.limits.max_stale;
-        let Some(entry) = self.find(key) else {
+        let Some(entry) = self.find(key).filter(|e| e.state(now, max_stale).is_some()) else {
             return false;
         };
-        let age = now.saturating_duration_since(entry.stored);
-        if age > entry.fresh_for + max_stale {
-            return false;
-        }
         copy_with_ttls(entry, |_| STALE_TTL, out);
         true
     }
@@ -425,6 +430,16 @@ mod tests {
         r
     }
 
+    /// A NOERROR reply to `q` with one A record (1.2.3.4) of this TTL.
+    fn a_reply(q: &[u8], ttl: u32) -> Vec<u8> {
+        let a = Rr {
+            rtype: A,
+            ttl,
+            rdata: &[1, 2, 3, 4],
+        };
+        reply(q, 0, &[a], &[])
+    }
+
     fn soa(minimum: u32) -> Vec<u8> {
         let mut d = name("ns.example");
         d.extend_from_slice(&name("host.example"));
@@ -478,16 +493,7 @@ mod tests {
             query(1, "a.example", A, false),
             query(1, "b.example", A, false),
         );
-        let ra = reply(
-            &qa,
-            0,
-            &[Rr {
-                rtype: A,
-                ttl: 60,
-                rdata: &[1, 2, 3, 4],
-            }],
-            &[],
-        );
+        let ra = a_reply(&qa, 60);
         assert!(c.put(key(&qa), &ra, t0));
         let mut out = Vec::new();
         assert_eq!(c.get(&key(&qa), t0, &mut out), Some(Hit::Fresh));
@@ -544,20 +550,7 @@ mod tests {
         let mut c = cache();
         let t0 = Instant::now();
         let q = query(1, "zero.example", A, false);
-        c.put(
-            key(&q),
-            &reply(
-                &q,
-                0,
-                &[Rr {
-                    rtype: A,
-                    ttl: 0,
-                    rdata: &[1, 2, 3, 4],
-                }],
-                &[],
-            ),
-            t0,
-        );
+        c.put(key(&q), &a_reply(&q, 0), t0);
         let mut out = Vec::new();
         assert!(
             c.get_fresh(&key(&q), t0 + Duration::from_secs(4), &mut out),
@@ -565,20 +558,7 @@ mod tests {
         );
         assert!(!c.get_fresh(&key(&q), t0 + Duration::from_secs(5), &mut out));
         let q = query(1, "long.example", A, false);
-        c.put(
-            key(&q),
-            &reply(
-                &q,
-                0,
-                &[Rr {
-                    rtype: A,
-                    ttl: 86400,
-                    rdata: &[1, 2, 3, 4],
-                }],
-                &[],
-            ),
-            t0,
-        );
+        c.put(key(&q), &a_reply(&q, 86400), t0);
         assert!(
             !c.get_fresh(&key(&q), t0 + Duration::from_secs(3600), &mut out),
             "cap of 1 h"
@@ -644,29 +624,11 @@ mod tests {
                 "rcode {code}"
             );
         }
-        let mut tc = reply(
-            &q,
-            0,
-            &[Rr {
-                rtype: A,
-                ttl: 60,
-                rdata: &[1, 2, 3, 4],
-            }],
-            &[],
-        );
+        let mut tc = a_reply(&q, 60);
         tc[2] |= 0x02;
         assert!(!c.put(key(&q), &tc, t0), "truncated");
         assert!(!c.put(key(&q), &[1, 2, 3], t0), "malformed");
-        let mut cut = reply(
-            &q,
-            0,
-            &[Rr {
-                rtype: A,
-                ttl: 60,
-                rdata: &[1, 2, 3, 4],
-            }],
-            &[],
-        );
+        let mut cut = a_reply(&q, 60);
         cut.pop();
         assert!(!c.put(key(&q), &cut, t0), "cut short");
         assert!(c.is_empty());
@@ -677,16 +639,7 @@ mod tests {
         let mut c = cache();
         let t0 = Instant::now();
         let q = query(1, "s.example", A, true);
-        let mut r = reply(
-            &q,
-            0,
-            &[Rr {
-                rtype: A,
-                ttl: 60,
-                rdata: &[1, 2, 3, 4],
-            }],
-            &[],
-        );
+        let mut r = a_reply(&q, 60);
         // An OPT record: its "TTL" field holds flags and must be left alone.
         r[11] = 1;
         r.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0x80, 0, 0, 0]);
@@ -719,20 +672,7 @@ mod tests {
         let t0 = Instant::now();
         let put = |c: &mut Cache, n: &str| {
             let q = query(1, n, A, false);
-            assert!(c.put(
-                key(&q),
-                &reply(
-                    &q,
-                    0,
-                    &[Rr {
-                        rtype: A,
-                        ttl: 60,
-                        rdata: &[1, 2, 3, 4]
-                    }],
-                    &[]
-                ),
-                t0
-            ));
+            assert!(c.put(key(&q), &a_reply(&q, 60), t0));
         };
         for n in ["a.x", "b.x", "c.x"] {
             put(&mut c, n);
