@@ -46,7 +46,6 @@ unit_dirs=(etc/systemd/system run/systemd/system lib/systemd/system usr/lib/syst
 # ExecStart= runs this binary; any other unit at our path is neither overwritten by install nor
 # removed by --uninstall, and --check names it.
 unit=etc/systemd/system/localdns-fallback.service
-our_exec=/opt/azure/containers/localdns/localdns-fallback
 # ------------------------------------------------------------------------------------------------
 
 root=""
@@ -135,7 +134,8 @@ stop_post_mismatch() {
 # absent.
 foreign_unit() {
     [[ -f $root/$unit ]] || return 0
-    local start
+    local start our_exec
+    our_exec=/$(binary_dest)
     start=$(service_list ExecStart "$root/$unit")
     # The command without systemd's prefixes (-, @, :, +, !) and without its arguments.
     while [[ $start == [-@:+!]* ]]; do start=${start:1}; done
