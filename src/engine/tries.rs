@@ -137,6 +137,8 @@ impl Engine {
     }
 
     /// Frees a query's slot; tries still out become orphans, awaited for the health they tell.
+    /// Inlined because the 552-byte `Pending` it returns was otherwise copied through two more
+    /// frames on every answer (callgrind: 330 instructions per query).
     #[inline(always)]
     pub(super) fn release(&mut self, slot: u32, now: Instant) -> Option<Pending> {
         let entry = &mut self.slots[slot as usize];
