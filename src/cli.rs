@@ -4,9 +4,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::cache;
 use crate::discover::{self, ServiceName, Source};
 use crate::wire;
+use crate::{cache, engine};
 
 pub const USAGE: &str = "\
 localdns-fallback: the DNS forwarder of last resort for an AKS node whose LocalDNS has failed.
@@ -98,22 +98,20 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Config {
+        let engine = engine::Settings::default();
         Config {
             node_listen: SocketAddr::from(([169, 254, 10, 10], 53)),
             cluster_listen: SocketAddr::from(([169, 254, 10, 11], 53)),
             node_upstreams: Vec::new(),
             cluster_upstreams: Vec::new(),
             cluster_domain: "cluster.local".into(),
-            cluster_domain_wire: b"\x07cluster\x05local\x00".to_vec(),
-            // Well below a stub's 5 s timeout so one dead server costs a client one second, not
-            // its whole attempt.
-            upstream_timeout: Duration::from_secs(1),
-            // Under Node Problem Detector's 3 s probe timeout, so its probe sees SERVFAIL, not silence.
-            query_timeout: Duration::from_millis(2500),
-            max_inflight: 4096,
+            cluster_domain_wire: engine.cluster_domain,
+            upstream_timeout: engine.upstream_timeout,
+            query_timeout: engine.query_timeout,
+            max_inflight: engine.max_inflight,
             max_tcp_connections: 256,
             tcp_idle_timeout: Duration::from_secs(10),
-            upstream_sockets: 8,
+            upstream_sockets: engine.udp_sockets_per_upstream,
             // Measured on 2 cores shared with the load's generator and upstream (the harness's
             // localdns-fallback-2threads row): a second thread costs 1.3-1.6x the CPU per query
             // (smaller batches, twice the wake-ups) and relays more only when a core is idle.

@@ -1,22 +1,15 @@
 //! localdns-fallback: a DNS forwarder of last resort for AKS nodes whose LocalDNS has failed.
 //!
 //! # Layout
-//! Modules import one another one way only (`tests/module_graph.rs` fails on a cycle): the pure
-//! parts import nothing outside themselves, the shells import the pure parts, start-up imports
-//! everything.
+//! A Cargo workspace of two crates. `core/` (`localdns-fallback-core`) holds every decision about
+//! a query and owns no socket, clock or randomness; this crate holds the shells that move bytes in
+//! and out of it and everything that touches the node. The core's modules are re-exported here
+//! under their own names (`crate::engine`, `crate::wire`, ...), so the shells read the same either
+//! way. Modules of this crate import one another one way only (`tests/module_graph.rs` fails on
+//! a cycle): the shells import the core, start-up imports everything.
 //!
-//! The vocabulary and the pure parts (no socket, no clock, no log):
-//! - [`roles`]: listener roles, upstream groups, transports.
-//! - [`wire`]: DNS wire-format checks and edits on packet bytes, without a full parse.
-//! - [`frame`]: DNS-over-TCP length-prefix framing, a pure decoder.
-//! - [`stats`]: plain counters the serving loops bump and `/metrics` reads.
-//! - [`upstream`]: the upstream sets of both groups and their passive health.
-//! - [`cache`]: the answer cache with serve-stale.
-//! - [`answer`]: each asker's own answer made from a shared reply, and the query sent upstream.
-//! - [`engine`]: every decision about a query, for UDP and TCP alike: local answers, routing,
-//!   cache, coalescing, tries and deadlines, shedding, health. Inputs in, transmits and events out.
-//! - [`handoff`]: leaving without a gap when LocalDNS is back: the sequence, and when the drain
-//!   after the hand-over is done.
+//! The pure parts, in `core/` (see its `lib.rs`): [`roles`], [`wire`], [`frame`], [`stats`],
+//! [`upstream`], [`cache`], [`answer`], [`engine`], [`handoff`].
 //!
 //! The shells, which move bytes in and out of engines:
 //! - [`mmsg`]: batches of datagrams per system call (`recvmmsg`, `sendmmsg`).
@@ -42,14 +35,13 @@
 //! binary on loopback without root; the other integration tests in `tests/` run it in network
 //! namespaces against real DNS servers and real clients, and under a real systemd.
 
-pub mod answer;
-pub mod cache;
+pub use localdns_fallback_core::{
+    answer, cache, engine, frame, handoff, roles, stats, upstream, wire,
+};
+
 pub mod cli;
 pub mod confine;
 pub mod discover;
-pub mod engine;
-pub mod frame;
-pub mod handoff;
 pub mod link;
 pub mod listen;
 pub mod mailbox;
@@ -58,11 +50,7 @@ pub mod mmsg;
 pub mod privilege;
 pub mod relay;
 pub mod report;
-pub mod roles;
 pub mod server;
-pub mod stats;
 pub mod systemd;
 pub mod tcp;
 pub mod tcp_pool;
-pub mod upstream;
-pub mod wire;

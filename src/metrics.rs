@@ -334,12 +334,12 @@ mod tests {
 
     #[test]
     fn responses_are_counted_by_rcode() {
-        let m = Counters::new();
+        let m = Counters::new(std::time::SystemTime::now());
         let l = m.listener(ListenerRole::Cluster);
         l.response(Transport::Udp, &[0, 0, 0x80, 0x83]);
         l.response(Transport::Tcp, &[0, 0, 0x80, 0x80]);
         l.response(Transport::Udp, &[0, 0, 0x80, 0x8b]);
-        let sets = UpstreamSets::uncounted(vec![], vec![]);
+        let sets = UpstreamSets::uncounted(vec![], vec![], std::time::Instant::now());
         let text = render(&m, &sets, None);
         assert!(text.contains(
             "responses_total{listener=\"cluster\",transport=\"udp\",rcode=\"NXDOMAIN\"} 1\n"

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fuzz_support::{Input, NAMES, build_query, shape_reply};
 use libfuzzer_sys::fuzz_target;
-use localdns_fallback::cache::{Cache, Hit, Key, Limits};
+use localdns_fallback::cache::{Cache, Hit, Key, KeyHasher, Limits};
 use localdns_fallback::roles::UpstreamGroup;
 use localdns_fallback::wire;
 
@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         max_ttl: Duration::from_secs(10 + u64::from(input.u16())),
         max_stale: Duration::from_secs(u64::from(input.u16())),
     };
-    let Some(mut cache) = Cache::new(limits) else {
+    let Some(mut cache) = Cache::new(limits, KeyHasher::new(7)) else {
         return;
     };
     let t0 = Instant::now();
@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         } else {
             UpstreamGroup::KubeDns
         };
-        let Some(key) = Key::new(group, &query, &q) else {
+        let Some(key) = Key::new(cache.hasher(), group, &query, &q) else {
             continue;
         };
         let now = t0 + Duration::from_secs(now_s);

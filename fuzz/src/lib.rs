@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 
 use hickory_proto::op::{Message, MessageType, OpCode};
 use hickory_proto::rr::RecordType;
-use localdns_fallback::cache::Key;
+use localdns_fallback::cache::{Key, KeyHasher};
 use localdns_fallback::engine::route::{Route, route};
 use localdns_fallback::frame::FrameDecoder;
 use localdns_fallback::roles::{ListenerRole, UpstreamGroup};
@@ -94,7 +94,7 @@ pub fn client_packet(packet: &[u8]) -> Option<wire::Query> {
                 check_local_reply(packet, &q, code, &out);
             }
             for group in UpstreamGroup::BOTH {
-                let _ = Key::new(group, packet, &q);
+                let _ = Key::new(&KeyHasher::new(7), group, packet, &q);
             }
             Some(q)
         }

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use localdns_fallback::cache::{Cache, Limits};
+use localdns_fallback::cache::{Cache, KeyHasher, Limits};
 use localdns_fallback::engine::{Client, Dest, Engine, Failure, Leg, Settings, Via};
 use localdns_fallback::roles::ListenerRole;
 use localdns_fallback::stats::ListenerStats;
@@ -61,12 +61,15 @@ impl Rig {
         let defaults = Limits::default();
         let cache = match flags & 3 {
             0 => None,
-            1 => Cache::new(defaults),
-            _ => Cache::new(Limits {
-                entries: 1 + usize::from(input.u8() % 8),
-                bytes: 256 + usize::from(input.u16() % 8192),
-                ..defaults
-            }),
+            1 => Cache::new(defaults, KeyHasher::new(7)),
+            _ => Cache::new(
+                Limits {
+                    entries: 1 + usize::from(input.u8() % 8),
+                    bytes: 256 + usize::from(input.u16() % 8192),
+                    ..defaults
+                },
+                KeyHasher::new(7),
+            ),
         };
         let role = if flags & 4 == 0 {
             ListenerRole::Node
@@ -81,25 +84,22 @@ impl Rig {
             _ => vec![],
         };
         let settings = Settings {
-            cluster_domain: crate::CLUSTER_DOMAIN.to_vec(),
-            upstream_timeout: Duration::from_secs(1),
-            query_timeout: Duration::from_millis(2500),
             max_inflight,
             udp_sockets_per_upstream: SOCKETS,
-            stale_after: Duration::from_millis(1800),
-            stale_recheck: Duration::from_secs(30),
+            ..Settings::default()
         };
+        let t0 = Instant::now();
         let engine = Engine::new(
             role,
             settings,
-            Arc::new(UpstreamSets::uncounted(node.clone(), cluster.clone())),
+            Arc::new(UpstreamSets::uncounted(node.clone(), cluster.clone(), t0)),
             cache.map(|c| Arc::new(Mutex::new(c))),
             Arc::new(ListenerStats::default()),
             [flags; 32],
         );
         Rig {
             engine,
-            t0: Instant::now(),
+            t0,
             now_ms: 0,
             max_inflight,
             node,

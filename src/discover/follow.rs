@@ -291,7 +291,12 @@ fn swap(
         "upstreams changed"
     );
     metrics.upstreams_changed(group, source);
-    let fresh = Arc::new(UpstreamSet::counted(servers, group, metrics));
+    let fresh = Arc::new(UpstreamSet::counted(
+        servers,
+        group,
+        metrics,
+        Instant::now(),
+    ));
     let sets = match group {
         UpstreamGroup::VnetDns => UpstreamSets {
             vnet_dns: fresh,

@@ -6,12 +6,12 @@ use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::prepare::Prepared;
-use crate::cache::Cache;
+use crate::cache::{Cache, KeyHasher};
 use crate::cli::Config;
 use crate::discover::follow;
 use crate::engine::{self, Engine};
@@ -36,11 +36,6 @@ const FIRST_LOOK: Duration = Duration::from_secs(3);
 /// listeners' client connections (2 x `--max-tcp-connections`, 512 by default) and the UDP
 /// sockets this stays well under systemd's default soft limit of 1,024 descriptors.
 const MAX_TCP_EXCHANGES: usize = 256;
-/// Serve-stale's client-response timer (RFC 8767 suggests 1.8 s): under the 2.5 s query budget
-/// and well under a stub's 5 s timeout.
-const STALE_AFTER: Duration = Duration::from_millis(1800);
-/// Serve-stale's failure-recheck timer (RFC 8767 suggests 30 s).
-const STALE_RECHECK: Duration = Duration::from_secs(30);
 /// How often a summary line is logged (and systemd's STATUS= refreshed) while serving.
 const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
@@ -50,7 +45,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
     let config = Arc::new(config);
-    let counters = Counters::new();
+    let counters = Counters::new(std::time::SystemTime::now());
     let Prepared {
         node,
         cluster,
@@ -67,11 +62,13 @@ pub async fn serve(
             config.node_upstreams.clone(),
             UpstreamGroup::VnetDns,
             &counters,
+            Instant::now(),
         )),
         kube_dns: Arc::new(UpstreamSet::counted(
             config.cluster_upstreams.clone(),
             UpstreamGroup::KubeDns,
             &counters,
+            Instant::now(),
         )),
     });
     for (group, given) in [
@@ -117,7 +114,8 @@ pub async fn serve(
     let heartbeats = Heartbeats::new(2 * threads);
     // One cache for both listeners: the key holds the upstream group, so kube-dns and VNet DNS
     // answers never mix, while a cluster name asked on either listener shares one entry.
-    let cache = Cache::new(config.cache).map(|c| Arc::new(Mutex::new(c)));
+    let cache =
+        Cache::new(config.cache, KeyHasher::new(rand::random())).map(|c| Arc::new(Mutex::new(c)));
     let upstream_tcp = Arc::new(UpstreamSide::new(
         tokio::runtime::Handle::current(),
         MAX_TCP_EXCHANGES,
@@ -151,8 +149,7 @@ pub async fn serve(
                 query_timeout: config.query_timeout,
                 max_inflight: config.max_inflight,
                 udp_sockets_per_upstream: config.upstream_sockets,
-                stale_after: STALE_AFTER,
-                stale_recheck: STALE_RECHECK,
+                ..engine::Settings::default()
             };
             let stats = counters.listener(role).clone();
             let engine = Engine::new(

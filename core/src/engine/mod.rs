@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cache::{Cache, Hit, Key};
+use crate::cache::{Cache, Hit, Key, KeyHasher};
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 use crate::stats::ListenerStats;
 use crate::upstream::UpstreamSets;
@@ -90,6 +90,8 @@ pub struct Engine {
     settings: Settings,
     upstreams: Arc<UpstreamSets>,
     cache: Option<Arc<Mutex<Cache>>>,
+    /// The cache's key hasher, copied so that making a key takes no lock; `None` with no cache.
+    key_hasher: Option<KeyHasher>,
     stats: Arc<ListenerStats>,
     slots: Vec<Slot>,
     free: Vec<u32>,
@@ -128,11 +130,13 @@ impl Engine {
     ) -> Engine {
         let mut rng = StdRng::from_seed(seed);
         let hasher = foldhash::fast::FixedState::with_seed(rng.random());
+        let key_hasher = cache.as_ref().map(|c| lock(c).hasher().clone());
         Engine {
             role,
             settings,
             upstreams,
             cache,
+            key_hasher,
             stats,
             slots: Vec::new(),
             free: Vec::new(),
@@ -215,9 +219,9 @@ impl Engine {
         };
         let transport = client.transport();
         let key = self
-            .cache
+            .key_hasher
             .as_ref()
-            .and_then(|_| Key::new(group, packet, &q));
+            .and_then(|h| Key::new(h, group, packet, &q));
         let mut stale_known = false;
         if let Some(key) = &key {
             let hit = self.cached(key, now);

@@ -57,15 +57,16 @@ pub struct UpstreamSet {
     failures: AtomicU64,
     /// Per server counters for /metrics; they outlive this set (see [`Counters::upstream`]).
     stats: Vec<Arc<UpstreamStats>>,
-    /// The origin of `probed_ms`: the only clock read here, once, when the set is made.
+    /// The origin of `probed_ms`, given by whoever makes the set.
     epoch: Instant,
 }
 
 impl UpstreamSet {
-    /// A set whose counters are its own (tests, and sets never exported).
-    pub fn new(addrs: Vec<SocketAddr>) -> UpstreamSet {
+    /// A set whose counters are its own (tests, and sets never exported). `epoch` is any
+    /// instant no later than the first `now` the set will be given.
+    pub fn new(addrs: Vec<SocketAddr>, epoch: Instant) -> UpstreamSet {
         let stats = addrs.iter().map(|_| Arc::default()).collect();
-        UpstreamSet::with_stats(addrs, stats)
+        UpstreamSet::with_stats(addrs, stats, epoch)
     }
 
     /// A set counting into `counters`, where the counters of a server stay across set changes.
@@ -73,12 +74,17 @@ impl UpstreamSet {
         addrs: Vec<SocketAddr>,
         group: UpstreamGroup,
         counters: &Counters,
+        epoch: Instant,
     ) -> UpstreamSet {
         let stats = addrs.iter().map(|a| counters.upstream(group, *a)).collect();
-        UpstreamSet::with_stats(addrs, stats)
+        UpstreamSet::with_stats(addrs, stats, epoch)
     }
 
-    fn with_stats(addrs: Vec<SocketAddr>, stats: Vec<Arc<UpstreamStats>>) -> UpstreamSet {
+    fn with_stats(
+        addrs: Vec<SocketAddr>,
+        stats: Vec<Arc<UpstreamStats>>,
+        epoch: Instant,
+    ) -> UpstreamSet {
         // A server listed twice would stay "healthy" through its second entry after the first
         // was marked suspect; each server is listed once, first place kept.
         let mut unique: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
@@ -95,7 +101,7 @@ impl UpstreamSet {
             cursor: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
             stats: unique_stats,
-            epoch: Instant::now(),
+            epoch,
         }
     }
 
@@ -334,10 +340,14 @@ impl UpstreamSets {
     }
 
     /// Sets with no counters behind them (tests).
-    pub fn uncounted(vnet_dns: Vec<SocketAddr>, kube_dns: Vec<SocketAddr>) -> UpstreamSets {
+    pub fn uncounted(
+        vnet_dns: Vec<SocketAddr>,
+        kube_dns: Vec<SocketAddr>,
+        epoch: Instant,
+    ) -> UpstreamSets {
         UpstreamSets {
-            vnet_dns: Arc::new(UpstreamSet::new(vnet_dns)),
-            kube_dns: Arc::new(UpstreamSet::new(kube_dns)),
+            vnet_dns: Arc::new(UpstreamSet::new(vnet_dns, epoch)),
+            kube_dns: Arc::new(UpstreamSet::new(kube_dns, epoch)),
         }
     }
 }
@@ -351,7 +361,7 @@ mod tests {
     }
 
     fn three() -> UpstreamSet {
-        UpstreamSet::new(vec![addr(1), addr(2), addr(3)])
+        UpstreamSet::new(vec![addr(1), addr(2), addr(3)], Instant::now())
     }
 
     fn pick(u: &UpstreamSet, start: usize, tried: &[SocketAddr]) -> Option<SocketAddr> {
@@ -390,7 +400,7 @@ mod tests {
 
     #[test]
     fn the_least_busy_server_goes_first() {
-        let u = UpstreamSet::new(vec![addr(1), addr(2)]);
+        let u = UpstreamSet::new(vec![addr(1), addr(2)], Instant::now());
         answer(&u, addr(1), 300, 3);
         answer(&u, addr(2), 300, 3);
         u.note_sent(addr(1));
@@ -402,7 +412,7 @@ mod tests {
 
     #[test]
     fn a_much_slower_server_gets_only_probes() {
-        let u = UpstreamSet::new(vec![addr(1), addr(2)]);
+        let u = UpstreamSet::new(vec![addr(1), addr(2)], Instant::now());
         answer(&u, addr(1), 300, 8);
         answer(&u, addr(2), 200_000, 8);
         let t = u.epoch + Duration::from_secs(10);
@@ -495,7 +505,7 @@ mod tests {
 
     #[test]
     fn once_all_were_tried_it_rounds_again_but_never_to_an_excluded_one() {
-        let single = UpstreamSet::new(vec![addr(9)]);
+        let single = UpstreamSet::new(vec![addr(9)], Instant::now());
         assert_eq!(pick(&single, 0, &[addr(9)]), Some(addr(9)));
         assert_eq!(single.choose(0, &[addr(9)], &[addr(9)], single.epoch), None);
         let u = three();
@@ -528,7 +538,7 @@ mod tests {
 
     #[test]
     fn a_server_listed_twice_is_one_server() {
-        let u = UpstreamSet::new(vec![addr(1), addr(2), addr(1)]);
+        let u = UpstreamSet::new(vec![addr(1), addr(2), addr(1)], Instant::now());
         assert_eq!(u.addrs(), [addr(1), addr(2)]);
         u.note_failure(addr(1), true);
         assert_eq!(pick(&u, 0, &[]), Some(addr(1)), "probed once");
@@ -541,7 +551,7 @@ mod tests {
 
     #[test]
     fn empty_set_has_nothing_to_choose() {
-        let u = UpstreamSet::new(vec![]);
+        let u = UpstreamSet::new(vec![], Instant::now());
         assert_eq!(u.choose(0, &[], &[], u.epoch), None);
     }
 

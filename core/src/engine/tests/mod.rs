@@ -8,7 +8,7 @@ mod tries;
 
 use super::*;
 use super::{HEDGE_BURST, HEDGE_COST};
-use crate::cache::Limits;
+use crate::cache::{KeyHasher, Limits};
 use crate::stats::ListenerStats;
 use std::io;
 use std::time::Duration;
@@ -105,17 +105,13 @@ impl Rig {
         tweak: impl FnOnce(&mut Settings),
     ) -> Rig {
         let mut settings = Settings {
-            cluster_domain: wire::encode_name("cluster.local").unwrap(),
-            upstream_timeout: Duration::from_secs(1),
-            query_timeout: Duration::from_millis(2500),
-            max_inflight: 4096,
             udp_sockets_per_upstream: 2,
-            stale_after: Duration::from_millis(1800),
-            stale_recheck: Duration::from_secs(30),
+            ..Settings::default()
         };
         tweak(&mut settings);
-        let cache = Cache::new(Limits::default()).map(|c| Arc::new(Mutex::new(c)));
-        let sets = Arc::new(UpstreamSets::uncounted(vnet, kube));
+        let cache =
+            Cache::new(Limits::default(), KeyHasher::new(7)).map(|c| Arc::new(Mutex::new(c)));
+        let sets = Arc::new(UpstreamSets::uncounted(vnet, kube, Instant::now()));
         Rig {
             engine: Engine::new(
                 role,

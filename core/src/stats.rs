@@ -134,9 +134,10 @@ impl Totals {
 }
 
 impl Counters {
-    pub fn new() -> Arc<Counters> {
+    /// `started` is the wall-clock time of the process's start, for `/metrics`.
+    pub fn new(started: SystemTime) -> Arc<Counters> {
         Arc::new(Counters {
-            started: SystemTime::now(),
+            started,
             listeners: Default::default(),
             upstreams: Mutex::new(BTreeMap::new()),
             sources: Mutex::new([String::from("none"), String::from("none")]),

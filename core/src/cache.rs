@@ -7,7 +7,6 @@
 
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::num::NonZeroUsize;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
@@ -77,7 +76,12 @@ impl Key {
     /// upstream answers it BADVERS or its own way), and one with options that may change the
     /// answer (ECS scopes it to the asker's subnet; NSID and unknown options ask the upstream
     /// something of its own).
-    pub fn new(group: UpstreamGroup, query: &[u8], q: &wire::Query) -> Option<Key> {
+    pub fn new(
+        hasher: &KeyHasher,
+        group: UpstreamGroup,
+        query: &[u8],
+        q: &wire::Query,
+    ) -> Option<Key> {
         if q.edns_version != 0 || q.answer_options {
             return None;
         }
@@ -88,7 +92,7 @@ impl Key {
             | (u8::from(wire::checking_disabled(query)) << 2)
             | (u8::from(rd) << 3)
             | (u8::from(ad && !q.dnssec_ok) << 4);
-        let hash = key_hasher().hash_one((group, &name, q.qtype, q.qclass, flags));
+        let hash = hasher.0.hash_one((group, &name, q.qtype, q.qclass, flags));
         Some(Key {
             hash,
             group,
@@ -113,10 +117,15 @@ impl Hash for Key {
 }
 
 /// The seed of every key's hash: random per process (so a client cannot aim names at one hash),
-/// the same for every key in it (so keys made anywhere in the process compare and find entries).
-fn key_hasher() -> &'static foldhash::fast::RandomState {
-    static HASHER: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
-    HASHER.get_or_init(Default::default)
+/// the same for every key made for one cache (so keys made by any engine find its entries). The
+/// cache holds it; engines copy it from there.
+#[derive(Clone, Debug)]
+pub struct KeyHasher(foldhash::fast::FixedState);
+
+impl KeyHasher {
+    pub fn new(seed: u64) -> KeyHasher {
+        KeyHasher(foldhash::fast::FixedState::with_seed(seed))
+    }
 }
 
 /// One answer, in one allocation: a miss that evicts the oldest entry touches (and frees) as
@@ -181,11 +190,12 @@ pub struct Cache {
     lru: LruCache<u64, Entry>,
     limits: Limits,
     bytes: usize,
+    hasher: KeyHasher,
 }
 
 impl Cache {
     /// `None` when the limits turn caching off.
-    pub fn new(limits: Limits) -> Option<Cache> {
+    pub fn new(limits: Limits, hasher: KeyHasher) -> Option<Cache> {
         NonZeroUsize::new(limits.entries)?;
         Some(Cache {
             // Unbounded here, capped in `put`: a bounded LruCache allocates its whole table up
@@ -193,7 +203,13 @@ impl Cache {
             lru: LruCache::unbounded(),
             limits,
             bytes: 0,
+            hasher,
         })
+    }
+
+    /// How keys for this cache are hashed.
+    pub fn hasher(&self) -> &KeyHasher {
+        &self.hasher
     }
 
     pub fn len(&self) -> usize {
@@ -459,11 +475,17 @@ mod tests {
     }
 
     fn key(q: &[u8]) -> Key {
-        Key::new(UpstreamGroup::KubeDns, q, &wire::parse_query(q).unwrap()).unwrap()
+        Key::new(
+            &KeyHasher::new(7),
+            UpstreamGroup::KubeDns,
+            q,
+            &wire::parse_query(q).unwrap(),
+        )
+        .unwrap()
     }
 
     fn cache() -> Cache {
-        Cache::new(Limits::default()).unwrap()
+        Cache::new(Limits::default(), KeyHasher::new(7)).unwrap()
     }
 
     const A: u16 = 1;
@@ -477,7 +499,13 @@ mod tests {
         let q = query(1, "www.example.com", A, false);
         assert_ne!(
             k,
-            Key::new(UpstreamGroup::VnetDns, &q, &wire::parse_query(&q).unwrap()).unwrap(),
+            Key::new(
+                &KeyHasher::new(7),
+                UpstreamGroup::VnetDns,
+                &q,
+                &wire::parse_query(&q).unwrap()
+            )
+            .unwrap(),
             "group"
         );
         let mut cd = q.clone();
@@ -668,7 +696,7 @@ mod tests {
             bytes: 1 << 20,
             ..Limits::default()
         };
-        let mut c = Cache::new(limits).unwrap();
+        let mut c = Cache::new(limits, KeyHasher::new(7)).unwrap();
         let t0 = Instant::now();
         let put = |c: &mut Cache, n: &str| {
             let q = query(1, n, A, false);
@@ -694,7 +722,7 @@ mod tests {
             bytes: 2000,
             ..Limits::default()
         };
-        let mut c = Cache::new(small).unwrap();
+        let mut c = Cache::new(small, KeyHasher::new(7)).unwrap();
         for i in 0..100 {
             put(&mut c, &format!("n{i}.example"));
             assert!(c.bytes() <= 2000, "byte cap holds: {}", c.bytes());
@@ -713,7 +741,12 @@ mod tests {
     }
 
     fn key_of(q: &[u8]) -> Option<Key> {
-        Key::new(UpstreamGroup::KubeDns, q, &wire::parse_query(q).unwrap())
+        Key::new(
+            &KeyHasher::new(7),
+            UpstreamGroup::KubeDns,
+            q,
+            &wire::parse_query(q).unwrap(),
+        )
     }
 
     #[test]
@@ -847,10 +880,13 @@ mod tests {
     #[test]
     fn off_when_size_is_zero() {
         assert!(
-            Cache::new(Limits {
-                entries: 0,
-                ..Limits::default()
-            })
+            Cache::new(
+                Limits {
+                    entries: 0,
+                    ..Limits::default()
+                },
+                KeyHasher::new(7)
+            )
             .is_none()
         );
     }

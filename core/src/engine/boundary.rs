@@ -30,6 +30,28 @@ pub struct Settings {
     pub stale_recheck: Duration,
 }
 
+/// The defaults are the daemon's flag defaults; this is the one place they are written.
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            cluster_domain: b"\x07cluster\x05local\x00".to_vec(),
+            // Well below a stub's 5 s timeout so one dead server costs a client one second, not
+            // its whole attempt.
+            upstream_timeout: Duration::from_secs(1),
+            // Under Node Problem Detector's 3 s probe timeout, so its probe sees SERVFAIL, not
+            // silence.
+            query_timeout: Duration::from_millis(2500),
+            max_inflight: 4096,
+            udp_sockets_per_upstream: 8,
+            // Serve-stale's client-response timer (RFC 8767 suggests 1.8 s): under the 2.5 s
+            // query budget and well under a stub's 5 s timeout.
+            stale_after: Duration::from_millis(1800),
+            // Serve-stale's failure-recheck timer (RFC 8767 suggests 30 s).
+            stale_recheck: Duration::from_secs(30),
+        }
+    }
+}
+
 /// An identifier the TCP shell gives each client connection.
 pub type ConnId = u64;
 
