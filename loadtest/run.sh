@@ -80,7 +80,7 @@ tcp_rate=1000        # open loop rate of the TCP latency figures (a node sees li
 channels=8           # client sockets (UDP) or connections (TCP)
 slow_delay_ms=200    # the slow backend's added delay
 fault_rate=1000      # open loop rate of the refuse, servfail and closed-port faults
-blackhole_rate=100   # ... and of the black-holed backend (issue 12's figure is at 100 QPS)
+blackhole_rate=100   # ... and of the black-holed backend (the resilience goal is stated at 100 QPS)
 check_queries=200    # the forwarding check before each measurement
 serve_stale=0        # the peers' serve-stale options: on in the outage-stale scenario only
 # The record a good answer carries: the responder's address derived from the name, or the

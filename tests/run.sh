@@ -48,7 +48,7 @@ else
     cargo test --locked --no-fail-fast "$@"
 fi
 
-# ---- fuzzing (fuzz/, issue 7) ---------------------------------------------------------------
+# ---- fuzzing (fuzz/) ------------------------------------------------------------------------
 # A short run of every cargo-fuzz target (6 s each, about a minute in all) from the seed corpus
 # in fuzz/corpus/, into a scratch corpus so the repository's stays as committed. Building the
 # instrumented targets takes about 4 minutes from scratch on this 2-core machine (seconds when

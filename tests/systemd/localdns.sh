@@ -8,7 +8,7 @@
 #            node's DNS at .10 (the networkd drop-in) and sends WATCHDOG=1 pings. A clean stop or a
 #            failure its EXIT trap sees deletes the link; a SIGKILL leaves link and addresses behind.
 #   cleanup  (ExecStopPost) removes the DNS drop-in and "reloads networkd" asynchronously, so
-#            resolv.conf lists the VNet DNS again only $RESOLVED_DELAY later (the race of CONTEXT §3).
+#            resolv.conf lists the VNet DNS again only $RESOLVED_DELAY later (the start-up race the fallback must survive).
 #            While /run/localdns-test/resolved-hold exists there is no reload at all: the test runs
 #            `localdns.sh resolved-reload` itself when it wants resolv.conf to change.
 #            It never touches the link.

@@ -520,7 +520,7 @@ fn faults_table(s: &Scenario, out: &mut String) {
         }
     }
     table(
-        "== One of two kube-dns backends goes wrong mid-run (issue 12)",
+        "== One of two kube-dns backends goes wrong mid-run",
         "Open loop, cache-miss names; backend 2 goes wrong at the event: refuse / servfail = it answers every query \
          REFUSED / SERVFAIL; closed-port = its server is SIGKILLed\n(the kernel answers ICMP port unreachable, \
          rate-limited); blackhole = its namespace drops every DNS packet. Counts are of the queries sent after the \
@@ -582,7 +582,7 @@ fn stale_table(s: &Scenario, out: &mut String) {
         })
         .collect();
     table(
-        "== Every upstream down, the cache holding expired entries (issue 12)",
+        "== Every upstream down, the cache holding expired entries",
         "20 fresh names asked once (TTL 2 s), 6 s later every DNS packet to both upstreams is dropped and the 20 names \
          are asked again, 6 rounds 0.5 s apart (or back to back when a round\ntakes longer). first = each name's first \
          lookup during the outage, next = the 5 lookups after it. good = the upstream's (stale) answer; lost = no \
@@ -736,7 +736,7 @@ fn overload_table(s: &Scenario, out: &mut String) {
         })
         .collect();
     table(
-        "== Overload (placeholder for issue 7)",
+        "== Overload (a placeholder)",
         "Open loop at twice the system's own saturation QPS, then 1000 QPS. Offered, good (NOERROR/NXDOMAIN answers), \
          shed (REFUSED), loss and other errors are of the queries sent during the overload (the generator may fall short \
          of 2x).\nRSS peak: VmHWM over the run. full service after = from the end of the overload to the end of the last \
