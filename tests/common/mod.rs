@@ -14,7 +14,6 @@ pub mod client;
 pub mod forwarder;
 pub mod hostile;
 pub mod netns;
-pub mod node;
 pub mod responder;
 pub mod rig;
 pub mod servers;
@@ -29,8 +28,6 @@ pub use forwarder::*;
 pub use hostile::*;
 #[allow(unused_imports)]
 pub use netns::*;
-#[allow(unused_imports)]
-pub use node::*;
 #[allow(unused_imports)]
 pub use responder::*;
 #[allow(unused_imports)]
