@@ -1,6 +1,8 @@
-//! The forwarder end to end: the real binary in a node namespace, real DNS servers (dnsmasq,
-//! unbound) and the project's test responder in upstream namespaces, real clients (dig, kdig,
-//! glibc's getent). Run as root; every namespace and process is removed on drop.
+//! The forwarder end to end: the real binary, real DNS servers (dnsmasq, unbound) and the
+//! project's test responder as upstreams, real clients (dig, kdig, glibc's getent). What only
+//! needs the responder runs on loopback without root; the usual node with real servers, glibc's
+//! resolv.conf and the node's own listener addresses run in namespaces as root. Every namespace
+//! and process is removed on drop.
 
 mod common;
 
@@ -76,10 +78,10 @@ fn usual_node() -> Node {
     let mut data = vec![format!("www.example. 60 IN A {VNET_ANSWER}")];
     data.push(big);
     let data: Vec<&str> = data.iter().map(String::as_str).collect();
-    let vnet = Unbound::start(&vnet_up.ns, vnet_up.v4.unwrap().into(), &data);
+    let vnet = Unbound::start(&vnet_up.ns, vnet_up.sock_v4(), &data);
     let kube_dns = Dnsmasq::start_with(
         &kube_up.ns,
-        &[kube_up.v4.unwrap().into()],
+        &[kube_up.sock_v4()],
         &[(KUBERNETES, IpAddr::V4(KUBERNETES_IP))],
         &[("example", IpAddr::V4(KUBE_DNS_EXAMPLE))],
         &[],
@@ -178,28 +180,17 @@ fn a_large_answer_is_truncated_over_udp_and_whole_over_tcp() {
 #[test]
 fn an_answer_larger_than_the_client_asked_for_becomes_tc() {
     // This upstream ignores the client's size and sends ~4 KB over UDP.
-    let n = OneUpstream::start(
-        Mode::Oversize {
+    let n = Rig::loopback()
+        .upstream(Mode::Oversize {
             answer_v4: KUBERNETES_IP,
-        },
-        &[],
-    );
-    let topo = &n.topo;
+        })
+        .start();
     for (size, truncated) in [
         ("+noedns", true),
         ("+bufsize=1232", true),
         ("+bufsize=8192", false),
     ] {
-        let r = dig(
-            &topo.node,
-            &[
-                &format!("@{CLUSTER}"),
-                "big.example",
-                "TXT",
-                size,
-                "+ignore",
-            ],
-        );
+        let r = n.dig(n.cluster, &["big.example", "TXT", size, "+ignore"]);
         assert_eq!(r.status, "NOERROR", "{size}: {}", r.raw);
         assert_eq!(r.has_flag("tc"), truncated, "{size}: {}", r.raw);
         let limit = if size == "+noedns" { 512 } else { 1232 };
@@ -211,31 +202,19 @@ fn an_answer_larger_than_the_client_asked_for_becomes_tc() {
 
 #[test]
 fn one_silent_upstream_of_two_still_answers_in_time() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let dead = topo.add_upstream_ns(true, false);
-    let alive = topo.add_upstream_ns(true, false);
-    let silent = Responder::start(&dead.ns, dead.sock_v4(), Mode::Silent);
-    let _ok = Responder::start(
-        &alive.ns,
-        alive.sock_v4(),
-        Mode::Normal {
+    let n = Rig::loopback()
+        .upstream(Mode::Silent)
+        .upstream(Mode::Normal {
             answer_v4: KUBERNETES_IP,
-        },
-    );
-    let f = start(
-        &topo,
-        &[alive.sock_v4()],
-        &[dead.sock_v4(), alive.sock_v4()],
-        &[],
-    );
+        })
+        .node_to(&[1])
+        .cluster_to(&[0, 1])
+        .start();
+    let (silent, f) = (n.responder(0), &n.fwd);
     // The rotation puts the silent one first for some of these; each must still be answered
     // within one per-try budget plus margin, never the client's whole timeout.
     for i in 0..4 {
-        let r = dig(
-            &topo.node,
-            &[&format!("@{CLUSTER}"), &format!("q{i}.svc.cluster.local")],
-        );
+        let r = n.dig(n.cluster, &[&format!("q{i}.svc.cluster.local")]);
         assert_eq!(
             r.answers,
             vec![KUBERNETES_IP.to_string()],
@@ -259,20 +238,15 @@ fn one_silent_upstream_of_two_still_answers_in_time() {
 
 #[test]
 fn every_upstream_silent_gives_servfail_before_the_client_gives_up() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let a = topo.add_upstream_ns(true, false);
-    let b = topo.add_upstream_ns(true, false);
-    let sa = Responder::start(&a.ns, a.sock_v4(), Mode::Silent);
-    let sb = Responder::start(&b.ns, b.sock_v4(), Mode::Silent);
-    let _f = start(
-        &topo,
-        &[a.sock_v4(), b.sock_v4()],
-        &[a.sock_v4(), b.sock_v4()],
-        &[],
-    );
-    for l in [NODE, CLUSTER] {
-        let r = dig(&topo.node, &[&format!("@{l}"), "www.example.com"]);
+    let n = Rig::loopback()
+        .upstream(Mode::Silent)
+        .upstream(Mode::Silent)
+        .node_to(&[0, 1])
+        .cluster_to(&[0, 1])
+        .start();
+    let (sa, sb) = (n.responder(0), n.responder(1));
+    for l in [n.node, n.cluster] {
+        let r = n.dig(l, &["www.example.com"]);
         assert_eq!(r.status, "SERVFAIL", "{l}: {}", r.raw);
         assert!(
             r.elapsed < DEADLINE_WITH_MARGIN,
@@ -289,23 +263,17 @@ fn every_upstream_silent_gives_servfail_before_the_client_gives_up() {
 
 #[test]
 fn spoofed_replies_are_ignored_and_the_real_answer_wins() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
     let forged = Ipv4Addr::new(6, 6, 6, 6);
-    let _r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Spoof {
+    let n = Rig::loopback()
+        .upstream(Mode::Spoof {
             answer_v4: KUBERNETES_IP,
             forged_v4: forged,
-            alt_src: up.alt_v4.map(IpAddr::V4),
-        },
-    );
-    let _f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
+            alt_src: Some(IpAddr::V4(loopback_ip())),
+        })
+        .start();
     for i in 0..10 {
         let name = format!("Spoof{i}.Example.COM");
-        let r = dig(&topo.node, &[&format!("@{NODE}"), &name]);
+        let r = n.dig(n.node, &[&name]);
         assert_eq!(r.status, "NOERROR", "{}", r.raw);
         assert_eq!(
             r.answers,
@@ -328,7 +296,7 @@ fn an_ipv6_upstream_works() {
     let up = topo.add_upstream_ns(false, true);
     let _d = Dnsmasq::start(
         &up.ns,
-        up.v6.unwrap().into(),
+        up.sock_v6(),
         &[(KUBERNETES, IpAddr::V4(KUBERNETES_IP))],
     );
     let _f = start(&topo, &[up.sock_v6()], &[up.sock_v6()], &[]);
@@ -347,16 +315,10 @@ fn an_ipv6_upstream_works() {
 
 #[test]
 fn the_health_check_name_is_answered_without_any_upstream() {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let nothing = topo.add_upstream_ns(true, false); // no server runs there
-    let _f = start(&topo, &[nothing.sock_v4()], &[nothing.sock_v4()], &[]);
-    for l in [NODE, CLUSTER] {
+    let n = Rig::loopback().closed_upstream().start();
+    for l in [n.node, n.cluster] {
         for transport in ["+notcp", "+tcp"] {
-            let r = dig(
-                &topo.node,
-                &[&format!("@{l}"), "health-check.localdns.local", transport],
-            );
+            let r = n.dig(l, &["health-check.localdns.local", transport]);
             assert_eq!(r.status, "NOERROR", "{l} {transport}: {}", r.raw);
             assert!(
                 r.elapsed < Duration::from_secs(1),
@@ -365,10 +327,7 @@ fn the_health_check_name_is_answered_without_any_upstream() {
             );
         }
     }
-    let r = dig(
-        &topo.node,
-        &[&format!("@{NODE}"), "a.b.c.d.internal.cloudapp.net"],
-    );
+    let r = n.dig(n.node, &["a.b.c.d.internal.cloudapp.net"]);
     assert_eq!(
         r.status, "NXDOMAIN",
         "search-path junk is answered locally: {}",
@@ -378,24 +337,22 @@ fn the_health_check_name_is_answered_without_any_upstream() {
 
 #[test]
 fn sigterm_frees_both_ports_for_the_next_owner_within_100ms() {
-    require_root_and_tools(&["ip"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let f = start(&topo, &[up.sock_v4()], &[up.sock_v4()], &[]);
-    let freed = topo.node.enter(|| {
+    let n = Rig::loopback().closed_upstream().start();
+    let f = &n.fwd;
+    let freed = n.at.enter(|| {
         f.signal(nix::sys::signal::Signal::SIGTERM);
         let sent = Instant::now();
         let mut taken = Vec::new();
-        let mut pending: Vec<(&str, bool)> = vec![
-            (NODE, false),
-            (NODE, true),
-            (CLUSTER, false),
-            (CLUSTER, true),
+        let mut pending: Vec<(SocketAddr, bool)> = vec![
+            (n.node, false),
+            (n.node, true),
+            (n.cluster, false),
+            (n.cluster, true),
         ];
         while !pending.is_empty() && sent.elapsed() < Duration::from_secs(2) {
-            pending.retain(|(ip, tcp)| {
+            pending.retain(|(addr, tcp)| {
                 // Bind as a plain server would: no SO_REUSEPORT, so it only works once we let go.
-                let addr = listener(ip);
+                let addr = *addr;
                 let ok = if *tcp {
                     std::net::TcpListener::bind(addr)
                         .map(|s| taken.push(Box::new(s) as Box<dyn Send>))
@@ -428,14 +385,12 @@ fn sigterm_frees_both_ports_for_the_next_owner_within_100ms() {
 
 #[test]
 fn garbage_from_clients_does_not_stop_service() {
-    let n = OneUpstream::start(
-        Mode::Normal {
+    let n = Rig::loopback()
+        .upstream(Mode::Normal {
             answer_v4: KUBERNETES_IP,
-        },
-        &[],
-    );
-    let (topo, f) = (&n.topo, &n.fwd);
-    let node = listener(NODE);
+        })
+        .start();
+    let (at, f, node) = (&n.at, &n.fwd, n.node);
     let good = make_query("example.com", RecordType::A, 0x4242, None);
     let mut response = good.clone();
     response[2] |= 0x80;
@@ -450,7 +405,7 @@ fn garbage_from_clients_does_not_stop_service() {
     // Not replied to at all: too short, or response-shaped (never forwarded, never looped).
     for packet in [vec![], vec![0x12], vec![0u8; 11], response.clone()] {
         assert_eq!(
-            udp_exchange(&topo.node, node, &packet, Duration::from_millis(300)),
+            udp_exchange(at, node, &packet, Duration::from_millis(300)),
             None
         );
     }
@@ -461,8 +416,7 @@ fn garbage_from_clients_does_not_stop_service() {
         long_label,
         good[..good.len() - 2].to_vec(),
     ] {
-        let reply =
-            udp_exchange(&topo.node, node, &packet, Duration::from_secs(1)).expect("a reply");
+        let reply = udp_exchange(at, node, &packet, Duration::from_secs(1)).expect("a reply");
         let msg = parse_message(&reply).expect("a well-formed reply");
         assert_eq!(msg.response_code(), ResponseCode::FormErr);
         assert_eq!(msg.id(), 0x4242);
@@ -478,27 +432,23 @@ fn garbage_from_clients_does_not_stop_service() {
                 rng_state as u8
             })
             .collect();
-        udp_send(&topo.node, node, &packet);
+        udp_send(at, node, &packet);
     }
     assert_eq!(
-        n.upstream_queries(),
+        n.upstream_queries(0),
         0,
         "nothing malformed or response-shaped went upstream"
     );
-    let r = dig(&topo.node, &[&format!("@{NODE}"), "example.com"]);
+    let r = n.dig(node, &["example.com"]);
     assert_eq!(r.answers, vec![KUBERNETES_IP.to_string()], "{}", r.raw);
     assert!(f.is_running());
 }
 
 #[test]
 fn a_garbage_upstream_gives_servfail_not_a_hang() {
-    let n = OneUpstream::start(Mode::Garbage, &[]);
-    let topo = &n.topo;
+    let n = Rig::loopback().upstream(Mode::Garbage).start();
     for transport in ["+notcp", "+tcp"] {
-        let r = dig(
-            &topo.node,
-            &[&format!("@{CLUSTER}"), "example.com", transport],
-        );
+        let r = n.dig(n.cluster, &["example.com", transport]);
         assert_eq!(r.status, "SERVFAIL", "{transport}: {}", r.raw);
         assert!(
             r.elapsed < DEADLINE_WITH_MARGIN,
@@ -510,27 +460,17 @@ fn a_garbage_upstream_gives_servfail_not_a_hang() {
 
 #[test]
 fn tcp_pipelining_idle_timeout_and_connection_cap() {
-    require_root_and_tools(&["ip"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let _r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Normal {
+    let n = Rig::loopback()
+        .upstream(Mode::Normal {
             answer_v4: KUBERNETES_IP,
-        },
-    );
-    let _f = start(
-        &topo,
-        &[up.sock_v4()],
-        &[up.sock_v4()],
-        &["--tcp-idle-timeout", "1s", "--max-tcp-connections", "2"],
-    );
-    let cluster = listener(CLUSTER);
+        })
+        .flags(&["--tcp-idle-timeout", "1s", "--max-tcp-connections", "2"])
+        .start();
+    let cluster = n.cluster;
     let frames: Vec<Vec<u8>> = (0..5)
         .map(|i| make_query(&format!("p{i}.example"), RecordType::A, 100 + i, None))
         .collect();
-    let replies = tcp_exchange(&topo.node, cluster, &frames, Duration::from_secs(3));
+    let replies = tcp_exchange(&n.at, cluster, &frames, Duration::from_secs(3));
     let mut ids: Vec<u16> = replies
         .iter()
         .map(|r| parse_message(r).expect("reply parses").id())
@@ -542,7 +482,7 @@ fn tcp_pipelining_idle_timeout_and_connection_cap() {
         "five pipelined queries, five answers"
     );
 
-    topo.node.enter(|| {
+    n.at.enter(|| {
         use std::io::Read;
         // Two idle connections fill the cap; a third is closed at once.
         use std::io::Write;
@@ -579,7 +519,7 @@ fn tcp_pipelining_idle_timeout_and_connection_cap() {
             assert!(started.elapsed() < Duration::from_millis(2500));
         }
     });
-    let replies = tcp_exchange(&topo.node, cluster, &frames[..1], Duration::from_secs(2));
+    let replies = tcp_exchange(&n.at, cluster, &frames[..1], Duration::from_secs(2));
     assert_eq!(replies.len(), 1, "slots are free again");
 }
 
@@ -637,16 +577,15 @@ fn a_port_busy_for_longer_than_the_bind_timeout_is_a_clear_error() {
 
 #[test]
 fn several_relay_threads_share_one_listener_and_all_let_go_on_sigterm() {
-    let n = OneUpstream::start(
-        Mode::Normal {
+    let n = Rig::loopback()
+        .upstream(Mode::Normal {
             answer_v4: KUBERNETES_IP,
-        },
-        &["--udp-threads", "3"],
-    );
-    let (topo, f) = (&n.topo, &n.fwd);
-    let cluster = listener(CLUSTER);
-    let answered = topo.node.enter(|| {
-        let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        })
+        .flags(&["--udp-threads", "3"])
+        .start();
+    let (at, f, cluster) = (&n.at, &n.fwd, n.cluster);
+    let answered = at.enter(|| {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         // The answers may all arrive before the last query is sent: the default receive buffer
         // (212,992 bytes) holds only 256 small datagrams, so give it room for the whole burst.
         socket2::SockRef::from(&socket)
@@ -675,6 +614,5 @@ fn several_relay_threads_share_one_listener_and_all_let_go_on_sigterm() {
             .expect("exits")
             .success()
     );
-    topo.node
-        .enter(|| std::net::UdpSocket::bind(cluster).expect("every thread let go of the port"));
+    at.enter(|| std::net::UdpSocket::bind(cluster).expect("every thread let go of the port"));
 }

@@ -256,13 +256,12 @@ fn loopback_addresses_are_claimed_once_and_released() {
 
 #[test]
 fn the_daemon_keeps_answering_while_localdns_recreates_its_link() {
-    let node = OneUpstream::start(
-        Mode::Normal {
+    let node = Rig::namespaces()
+        .upstream(Mode::Normal {
             answer_v4: "10.0.0.1".parse().unwrap(),
-        },
-        &[],
-    );
-    let ns = &node.topo.node;
+        })
+        .start();
+    let ns = node.node_ns();
     let on_lo = ns.ip("-4 addr show dev lo");
     assert!(
         on_lo.contains("169.254.10.10/32") && on_lo.contains("169.254.10.11/32"),
@@ -333,14 +332,13 @@ fn localdns_beside(ns: &Netns, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHa
 #[test]
 fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined() {
     // Upstream answers come 30 ms late, so queries are in flight at the hand-over.
-    let node = OneUpstream::start(
-        Mode::Delay {
+    let node = Rig::namespaces()
+        .upstream(Mode::Delay {
             answer_v4: "10.0.0.1".parse().unwrap(),
             delay: Duration::from_millis(30),
-        },
-        &[],
-    );
-    let ns = &node.topo.node;
+        })
+        .start();
+    let ns = node.node_ns();
     let stop = Arc::new(AtomicBool::new(false));
     let localdns = localdns_beside(ns, stop.clone());
     // Pods asking every 2 ms from new sockets (new flows), each waiting up to 1 s for a reply.
@@ -355,8 +353,9 @@ fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined()
         while started.elapsed() < Duration::from_millis(800) {
             id += 1;
             let query = make_query("a.example.", RecordType::A, id, None);
-            let me =
-                std::thread::spawn(move || udp_exchange_here(to, &query, Duration::from_secs(1)));
+            let me = std::thread::spawn(move || {
+                udp_exchange(Place::Here, to, &query, Duration::from_secs(1))
+            });
             waiting.push(me);
             std::thread::sleep(Duration::from_millis(2));
         }

@@ -454,7 +454,7 @@ fn dnsmasq_serves_records_and_wildcards_on_v4_and_v6() {
     let v6_answer: Ipv6Addr = "fd00:99::1".parse().unwrap();
     let dm = Dnsmasq::start_with(
         &up.ns,
-        &[up.v4.unwrap().into(), up.v6.unwrap().into()],
+        &[up.sock_v4(), up.sock_v6()],
         &[
             ("host.example.com", ANSWER.into()),
             ("host.example.com", v6_answer.into()),
@@ -482,11 +482,7 @@ fn dnsmasq_serves_records_and_wildcards_on_v4_and_v6() {
     assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
 
     // The short form.
-    let _dm = Dnsmasq::start(
-        &up.ns,
-        up.v4.unwrap().into(),
-        &[("one.test", ANSWER.into())],
-    );
+    let _dm = Dnsmasq::start(&up.ns, up.sock_v4(), &[("one.test", ANSWER.into())]);
     let a = dig(&topo.node, &[&format!("@{}", up.v4.unwrap()), "one.test"]);
     assert_eq!(a.answers, vec![ANSWER.to_string()], "{}", a.raw);
 }
@@ -503,7 +499,7 @@ fn unbound_serves_local_data_and_a_big_txt() {
     ];
     data.extend(unbound_txt_rrset("set.example.", 12, 250));
     let data: Vec<&str> = data.iter().map(String::as_str).collect();
-    let ub = Unbound::start(&up.ns, up.v4.unwrap().into(), &data);
+    let ub = Unbound::start(&up.ns, up.sock_v4(), &data);
     let server = format!("@{}", up.v4.unwrap());
     let a = dig(&topo.node, &[&server, "a.example."]);
     assert_eq!(a.status, "NOERROR", "{}", a.raw);
@@ -551,7 +547,7 @@ fn unbound_with_custom_zones_on_v6() {
     let up = topo.add_upstream_ns(false, true);
     let _ub = Unbound::start_with(
         &up.ns,
-        &[up.v6.unwrap().into()],
+        &[up.sock_v6()],
         &["corp.test."],
         &["www.corp.test. 30 IN A 10.3.3.3"],
         "",
@@ -608,8 +604,8 @@ fn servers_and_namespaces_are_cleaned_up_when_a_test_panics() {
         let topo = Topology::new();
         let up = topo.add_upstream_ns(true, true);
         names.extend([topo.node.name.clone(), up.ns.name.clone()]);
-        let dm = Dnsmasq::start(&up.ns, up.v4.unwrap().into(), &[("x.test", ANSWER.into())]);
-        let ub = Unbound::start(&up.ns, up.v6.unwrap().into(), &[]);
+        let dm = Dnsmasq::start(&up.ns, up.sock_v4(), &[("x.test", ANSWER.into())]);
+        let ub = Unbound::start(&up.ns, up.sock_v6(), &[]);
         let _r = Responder::start(
             &up.ns,
             SocketAddr::new(up.v4.unwrap().into(), 5300),
@@ -803,7 +799,7 @@ fn load_harness_counts_only_the_upstreams_answers() {
     for (nodefault, forwards) in [("", false), ("local-zone: \"test.\" nodefault", true)] {
         let ub = Unbound::start_with(
             &topo.node,
-            &[LOCALDNS_11.into()],
+            &[dns53(LOCALDNS_11)],
             &[],
             &[],
             &format!("{nodefault}\n{forward}"),

@@ -36,19 +36,18 @@ fn capabilities(pid: u32) -> Vec<(String, u64)> {
 
 #[test]
 fn with_upstreams_given_it_keeps_no_capability_at_all() {
-    let n = OneUpstream::start(
-        Mode::Normal {
+    let n = Rig::namespaces()
+        .upstream(Mode::Normal {
             answer_v4: "10.0.0.1".parse().unwrap(),
-        },
-        &[],
-    );
-    let (topo, f) = (&n.topo, &n.fwd);
+        })
+        .start();
+    let f = &n.fwd;
     for (field, value) in capabilities(f.pid()) {
         assert_eq!(value, 0, "{field} is {value:#x}; logs:\n{}", f.logs());
     }
     // Still serving on port 53 without CAP_NET_BIND_SERVICE: the sockets were bound before.
     let r = dig(
-        &topo.node,
+        n.node_ns(),
         &["@169.254.10.11", "kubernetes.default.svc.cluster.local"],
     );
     assert_eq!(r.answers, ["10.0.0.1"], "{}", r.raw);

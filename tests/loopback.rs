@@ -5,34 +5,22 @@
 
 mod common;
 
-use common::client::{DigResult, make_query, parse_message, tcp_exchange_here, udp_exchange_here};
-use common::loopback::LoopbackForwarder;
-use common::responder::{Mode, Responder};
+use common::*;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{RData, RecordType};
 use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 const VNET_ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const KUBE_ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 
-fn normal(answer_v4: Ipv4Addr) -> Responder {
-    Responder::on_loopback(Mode::Normal { answer_v4 })
-}
-
-/// `dig` from this namespace; loopback needs no `ip netns exec`.
-fn dig(server: SocketAddr, args: &[&str]) -> DigResult {
-    let started = Instant::now();
-    let out = std::process::Command::new("dig")
-        .args(["+tries=1", "+time=3", &format!("@{}", server.ip())])
-        .args(["-p", &server.port().to_string()])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run dig (apt-get install bind9-dnsutils): {e}"));
-    let mut raw = String::from_utf8_lossy(&out.stdout).into_owned();
-    raw.push_str(&String::from_utf8_lossy(&out.stderr));
-    DigResult::parse(raw, started.elapsed())
+/// The forwarder with one upstream answering `answer_v4`, serving as VNet DNS and kube-dns.
+fn one_upstream(answer_v4: Ipv4Addr, flags: &[&str]) -> Rig {
+    Rig::loopback()
+        .upstream(Mode::Normal { answer_v4 })
+        .flags(flags)
+        .start()
 }
 
 fn a_records(reply: &[u8]) -> Vec<Ipv4Addr> {
@@ -48,8 +36,17 @@ fn a_records(reply: &[u8]) -> Vec<Ipv4Addr> {
 
 #[test]
 fn each_listener_routes_like_localdns_over_udp_and_tcp() {
-    let (vnet, kube) = (normal(VNET_ANSWER), normal(KUBE_ANSWER));
-    let f = LoopbackForwarder::start(vnet.addr(), kube.addr(), &[]);
+    let f = Rig::loopback()
+        .upstream(Mode::Normal {
+            answer_v4: VNET_ANSWER,
+        })
+        .upstream(Mode::Normal {
+            answer_v4: KUBE_ANSWER,
+        })
+        .node_to(&[0])
+        .cluster_to(&[1])
+        .start();
+    let vnet = f.responder(0);
     let cases = [
         (f.node, "example.com", VNET_ANSWER),
         (f.node, "kubernetes.default.svc.cluster.local", KUBE_ANSWER),
@@ -64,7 +61,7 @@ fn each_listener_routes_like_localdns_over_udp_and_tcp() {
         for (transport, prefix) in [("+notcp", "udp"), ("+tcp", "tcp")] {
             // A name per transport, so the TCP one is not answered from the cache.
             let name = &format!("{prefix}.{name}");
-            let r = dig(listener, &[transport, name, "A"]);
+            let r = f.dig(listener, &[transport, name, "A"]);
             assert_eq!(
                 r.status, "NOERROR",
                 "{name} at {listener} {transport}: {}",
@@ -81,19 +78,20 @@ fn each_listener_routes_like_localdns_over_udp_and_tcp() {
         vnet.udp_queries() >= 1 && vnet.tcp_queries() >= 1,
         "TCP goes upstream as TCP"
     );
-    let probe = dig(f.cluster, &["health-check.localdns.local", "A"]);
+    let probe = f.dig(f.cluster, &["health-check.localdns.local", "A"]);
     assert_eq!(probe.status, "NOERROR", "{}", probe.raw);
 }
 
 #[test]
 fn repeats_are_answered_from_the_cache_whatever_the_transport() {
-    let kube = normal(KUBE_ANSWER);
-    let f = LoopbackForwarder::start(kube.addr(), kube.addr(), &[]);
+    let f = one_upstream(KUBE_ANSWER, &[]);
+    let kube = f.responder(0);
     let q = make_query("cached.example", RecordType::A, 1, None);
-    let first = udp_exchange_here(f.cluster, &q, Duration::from_secs(3)).expect("an answer");
+    let first =
+        udp_exchange(Place::Here, f.cluster, &q, Duration::from_secs(3)).expect("an answer");
     assert_eq!(a_records(&first), [KUBE_ANSWER]);
     let again = make_query("CACHED.example", RecordType::A, 2, None);
-    let over_tcp = tcp_exchange_here(f.cluster, &[again], Duration::from_secs(3));
+    let over_tcp = tcp_exchange(Place::Here, f.cluster, &[again], Duration::from_secs(3));
     assert_eq!(over_tcp.len(), 1);
     assert_eq!(a_records(&over_tcp[0]), [KUBE_ANSWER]);
     assert_eq!(parse_message(&over_tcp[0]).map(|m| m.id()), Some(2));
@@ -102,8 +100,8 @@ fn repeats_are_answered_from_the_cache_whatever_the_transport() {
 
 #[test]
 fn pipelined_tcp_queries_are_all_answered_each_with_its_own_id() {
-    let kube = normal(KUBE_ANSWER);
-    let f = LoopbackForwarder::start(kube.addr(), kube.addr(), &[]);
+    let f = one_upstream(KUBE_ANSWER, &[]);
+    let kube = f.responder(0);
     let frames: Vec<Vec<u8>> = (0..24)
         .map(|i| {
             make_query(
@@ -114,7 +112,7 @@ fn pipelined_tcp_queries_are_all_answered_each_with_its_own_id() {
             )
         })
         .collect();
-    let replies = tcp_exchange_here(f.cluster, &frames, Duration::from_secs(5));
+    let replies = tcp_exchange(Place::Here, f.cluster, &frames, Duration::from_secs(5));
     assert_eq!(
         replies.len(),
         frames.len(),
@@ -134,21 +132,20 @@ fn pipelined_tcp_queries_are_all_answered_each_with_its_own_id() {
 
 #[test]
 fn a_silent_upstream_costs_a_servfail_within_the_query_budget() {
-    let silent = Responder::on_loopback(Mode::Silent);
-    let f = LoopbackForwarder::start(
-        silent.addr(),
-        silent.addr(),
-        &["--upstream-timeout", "200ms", "--query-timeout", "600ms"],
-    );
+    let f = Rig::loopback()
+        .upstream(Mode::Silent)
+        .flags(&["--upstream-timeout", "200ms", "--query-timeout", "600ms"])
+        .start();
+    let silent = f.responder(0);
     for frames_over_tcp in [false, true] {
         let q = make_query("nobody.example", RecordType::A, 7, None);
         let started = Instant::now();
         let reply = if frames_over_tcp {
-            tcp_exchange_here(f.node, &[q], Duration::from_secs(5)).pop()
+            tcp_exchange(Place::Here, f.node, &[q], Duration::from_secs(5)).pop()
         } else {
-            udp_exchange_here(f.node, &q, Duration::from_secs(5))
+            udp_exchange(Place::Here, f.node, &q, Duration::from_secs(5))
         }
-        .unwrap_or_else(|| panic!("no reply (tcp: {frames_over_tcp}); logs:\n{}", f.logs()));
+        .unwrap_or_else(|| panic!("no reply (tcp: {frames_over_tcp}); logs:\n{}", f.fwd.logs()));
         let took = started.elapsed();
         let msg = parse_message(&reply).expect("parses");
         assert_eq!(msg.response_code(), ResponseCode::ServFail);
@@ -163,16 +160,18 @@ fn a_silent_upstream_costs_a_servfail_within_the_query_budget() {
         silent.udp_queries() >= 2 && silent.tcp_queries() >= 2,
         "retried within budget"
     );
-    assert!(f.logs().contains("timed out"), "the timeouts are logged");
+    assert!(
+        f.fwd.logs().contains("timed out"),
+        "the timeouts are logged"
+    );
 }
 
 #[test]
 fn big_answers_are_cut_for_udp_clients_and_whole_over_tcp() {
-    let kube = normal(KUBE_ANSWER);
-    let f = LoopbackForwarder::start(kube.addr(), kube.addr(), &[]);
-    let udp = dig(f.cluster, &["+noedns", "+ignore", "big.example", "TXT"]);
+    let f = one_upstream(KUBE_ANSWER, &[]);
+    let udp = f.dig(f.cluster, &["+noedns", "+ignore", "big.example", "TXT"]);
     assert!(udp.has_flag("tc"), "{}", udp.raw);
-    let tcp = dig(f.cluster, &["+tcp", "big.example", "TXT"]);
+    let tcp = f.dig(f.cluster, &["+tcp", "big.example", "TXT"]);
     assert_eq!(tcp.status, "NOERROR", "{}", tcp.raw);
     assert!(!tcp.has_flag("tc"), "{}", tcp.raw);
     assert!(
@@ -184,19 +183,14 @@ fn big_answers_are_cut_for_udp_clients_and_whole_over_tcp() {
 
 #[test]
 fn it_stops_at_sigterm_and_frees_both_ports_at_once() {
-    let kube = normal(KUBE_ANSWER);
-    let f = LoopbackForwarder::start(kube.addr(), kube.addr(), &[]);
+    let f = one_upstream(KUBE_ANSWER, &[]);
     let (node, cluster) = (f.node, f.cluster);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(f.pid() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("signal");
-    let freed = common::poll_until(Duration::from_secs(2), || {
+    f.fwd.signal(nix::sys::signal::Signal::SIGTERM);
+    let freed = poll_until(Duration::from_secs(2), || {
         let all = [node, cluster].iter().all(|a| {
             std::net::UdpSocket::bind(a).is_ok() && std::net::TcpListener::bind(a).is_ok()
         });
         all.then_some(())
     });
-    assert!(freed.is_some(), "ports still held; logs:\n{}", f.logs());
+    assert!(freed.is_some(), "ports still held; logs:\n{}", f.fwd.logs());
 }

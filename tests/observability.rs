@@ -14,18 +14,25 @@ use common::*;
 const METRICS: &str = "127.0.0.1:9355";
 const ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
-type Rig = OneUpstream;
-
 fn rig() -> Rig {
     require_root_and_tools(&["curl", "promtool"]);
-    OneUpstream::start(Mode::Normal { answer_v4: ANSWER }, &["--metrics", METRICS])
+    Rig::namespaces()
+        .upstream(Mode::Normal { answer_v4: ANSWER })
+        .flags(&["--metrics", METRICS])
+        .start()
 }
 
-impl Rig {
+/// What a test adds to the kit's rig: the metrics endpoint, and `dig` at a listener given as
+/// `@address`.
+trait Metrics {
+    fn scrape(&self) -> String;
+    fn ask(&self, listener: &str, args: &[&str]) -> DigResult;
+}
+
+impl Metrics for Rig {
     fn scrape(&self) -> String {
         let out = self
-            .topo
-            .node
+            .node_ns()
             .exec(
                 "curl",
                 [
@@ -45,10 +52,10 @@ impl Rig {
         String::from_utf8(out.stdout).unwrap()
     }
 
-    fn dig(&self, listener: &str, args: &[&str]) -> DigResult {
+    fn ask(&self, listener: &str, args: &[&str]) -> DigResult {
         let mut all = vec![listener];
         all.extend_from_slice(args);
-        dig(&self.topo.node, &all)
+        dig(self.node_ns(), &all)
     }
 }
 
@@ -95,32 +102,32 @@ fn responses(listener: &str, transport: &str, rcode: &str) -> String {
 fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
     let r = rig();
     let before = r.scrape();
-    let seen_before = r.upstream_queries();
+    let seen_before = r.upstream_queries(0);
     promtool_check(&before);
     for i in 0..3 {
         assert_eq!(
-            r.dig("@169.254.10.11", &[&format!("n{i}.svc.cluster.local")])
+            r.ask("@169.254.10.11", &[&format!("n{i}.svc.cluster.local")])
                 .status,
             "NOERROR"
         );
     }
     for i in 0..2 {
         assert_eq!(
-            r.dig("@169.254.10.10", &[&format!("nx.gone{i}.example")])
+            r.ask("@169.254.10.10", &[&format!("nx.gone{i}.example")])
                 .status,
             "NXDOMAIN"
         );
     }
     assert_eq!(
-        r.dig("@169.254.10.10", &["tcp.example", "+tcp"]).status,
+        r.ask("@169.254.10.10", &["tcp.example", "+tcp"]).status,
         "NOERROR"
     );
     assert_eq!(
-        r.dig("@169.254.10.11", &["servfail.example"]).status,
+        r.ask("@169.254.10.11", &["servfail.example"]).status,
         "SERVFAIL"
     );
     assert_eq!(
-        r.dig("@169.254.10.11", &["n0.svc.cluster.local"]).status,
+        r.ask("@169.254.10.11", &["n0.svc.cluster.local"]).status,
         "NOERROR"
     ); // a cache hit
     let after = r.scrape();
@@ -147,7 +154,7 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
         delta("localdns_fallback_cache_misses_total{listener=\"cluster\"}"),
         4.0
     );
-    let upstream = format!("{{group=\"cluster\",upstream=\"{}\"}}", r.up.sock_v4());
+    let upstream = format!("{{group=\"cluster\",upstream=\"{}\"}}", r.upstreams[0]);
     // Four tries to kube-dns at least: a try unanswered for 100 ms on a loaded machine is also
     // hedged, and a hedge is a try too; the counters must match what the upstream saw.
     let cluster_tries = delta(&format!(
@@ -168,12 +175,12 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
         )),
         1.0
     );
-    let node_up = format!("{{group=\"node\",upstream=\"{}\"}}", r.up.sock_v4());
+    let node_up = format!("{{group=\"node\",upstream=\"{}\"}}", r.upstreams[0]);
     let node_tries = delta(&format!(
         "localdns_fallback_upstream_queries_total{node_up}"
     ));
     assert!(node_tries >= 3.0, "{after}");
-    let seen = (r.upstream_queries() - seen_before) as f64;
+    let seen = (r.upstream_queries(0) - seen_before) as f64;
     assert_eq!(
         cluster_tries + node_tries,
         seen,
@@ -195,7 +202,7 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
 fn hostile_http_clients_do_not_delay_dns() {
     let r = rig();
     let metrics: SocketAddr = METRICS.parse().unwrap();
-    let slow = r.topo.node.enter(|| {
+    let slow = r.node_ns().enter(|| {
         // Slow and junk clients: more than the endpoint serves at once.
         let mut conns = Vec::new();
         for i in 0..12 {
@@ -212,7 +219,7 @@ fn hostile_http_clients_do_not_delay_dns() {
     });
     let started = Instant::now();
     for i in 0..5 {
-        let d = r.dig("@169.254.10.11", &[&format!("busy{i}.example")]);
+        let d = r.ask("@169.254.10.11", &[&format!("busy{i}.example")]);
         assert_eq!(d.status, "NOERROR");
         assert!(
             d.elapsed < Duration::from_secs(1),
@@ -223,8 +230,7 @@ fn hostile_http_clients_do_not_delay_dns() {
     // Once the slow clients hit the request deadline, scraping works again.
     let text = poll_until(Duration::from_secs(6), || {
         let out = r
-            .topo
-            .node
+            .node_ns()
             .exec(
                 "curl",
                 [
@@ -244,8 +250,7 @@ fn hostile_http_clients_do_not_delay_dns() {
     assert!(text.contains("localdns_fallback_responses_total"));
     assert!(started.elapsed() < Duration::from_secs(8));
     let not_found = r
-        .topo
-        .node
+        .node_ns()
         .exec(
             "curl",
             [

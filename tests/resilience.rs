@@ -1,84 +1,53 @@
-//! Upstream trouble must cost clients little: two kube-dns backends in their own namespaces, one
-//! of them misbehaving (refusing, failing, closed port, black hole, lossy, slow, a TCP side that
-//! never answers), and the real binary between them and a client in the node namespace. The
+//! Upstream trouble must cost clients little: two kube-dns backends on loopback, one of them
+//! misbehaving (refusing, failing, closed port, black hole, lossy, slow, a TCP side that never
+//! answers), and the real binary between them and a client; no root needed. The
 //! functional deadlines here are far below a client's 5 s timeout and below one 1 s try; the
 //! latency figures the README reports come from `loadtest/run.sh`, not from these asserts.
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use common::*;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{RData, RecordType};
 
-const CLUSTER: &str = "169.254.10.11:53";
 const GOOD_ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const OTHER_ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 /// Well under one `--upstream-timeout` (1 s): nobody waited out a try.
 const NO_TRY_WASTED: Duration = Duration::from_millis(700);
 
-/// Fields drop in this order: the forwarder first, the namespaces last.
-struct TwoBackends {
-    fwd: Forwarder,
-    good: Responder,
-    /// `None`: nothing listens on the bad backend's port (the kernel answers ICMP).
-    bad: Option<Responder>,
-    bad_up: Upstream,
-    _good_up: Upstream,
-    topo: Topology,
-}
+/// Upstream 0 answers well and is the VNet DNS; upstream 1, misbehaving as `bad` (or closed:
+/// nothing listens there, the kernel answers ICMP), is the first kube-dns backend, upstream 0 the
+/// second.
+struct TwoBackends;
 
 impl TwoBackends {
-    fn start(bad: Option<Mode>, extra: &[&str]) -> TwoBackends {
-        require_root_and_tools(&["ip"]);
-        let topo = Topology::new();
-        let good_up = topo.add_upstream_ns(true, false);
-        let bad_up = topo.add_upstream_ns(true, false);
-        let good = Responder::start(
-            &good_up.ns,
-            good_up.sock_v4(),
-            Mode::Normal {
-                answer_v4: GOOD_ANSWER,
-            },
-        );
-        let bad = bad.map(|mode| Responder::start(&bad_up.ns, bad_up.sock_v4(), mode));
-        let mut args: Vec<String> = vec![
-            "--node-upstream".into(),
-            good_up.sock_v4().to_string(),
-            "--cluster-upstream".into(),
-            bad_up.sock_v4().to_string(),
-            "--cluster-upstream".into(),
-            good_up.sock_v4().to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let fwd = Forwarder::spawn(&topo.node, &args);
-        fwd.wait_ready(
-            &topo.node,
-            CLUSTER.parse().unwrap(),
-            Duration::from_secs(10),
-        );
-        TwoBackends {
-            fwd,
-            good,
-            bad,
-            bad_up,
-            _good_up: good_up,
-            topo,
-        }
+    fn start(bad: Option<Mode>, extra: &[&str]) -> Rig {
+        let rig = Rig::loopback().upstream(Mode::Normal {
+            answer_v4: GOOD_ANSWER,
+        });
+        let rig = match bad {
+            Some(mode) => rig.upstream(mode),
+            None => rig.closed_upstream(),
+        };
+        rig.node_to(&[0]).cluster_to(&[1, 0]).flags(extra).start()
     }
+}
 
+/// The clients of these tests.
+trait Ask {
+    fn ask(&self, name: &str) -> (Option<(ResponseCode, Vec<Ipv4Addr>)>, Duration);
+    fn all_good(&self, tag: &str, n: usize, gap: Duration) -> Vec<Duration>;
+}
+
+impl Ask for Rig {
     /// One UDP query to the cluster listener: its RCODE and A records, and how long it took.
     fn ask(&self, name: &str) -> (Option<(ResponseCode, Vec<Ipv4Addr>)>, Duration) {
         let q = make_query(name, RecordType::A, 0x4242, None);
         let started = Instant::now();
-        let reply = udp_exchange(
-            &self.topo.node,
-            CLUSTER.parse().unwrap(),
-            &q,
-            Duration::from_secs(4),
-        );
+        let reply = udp_exchange(&self.at, self.cluster, &q, Duration::from_secs(4));
         let took = started.elapsed();
         let parsed = reply.and_then(|r| parse_message(&r)).map(|m| {
             let addrs = m
@@ -137,7 +106,7 @@ fn a_refusing_or_failing_backend_costs_no_lookup() {
         let took = t.all_good(&format!("rc{code}-"), 40, Duration::from_millis(5));
         let slowest = report(&format!("rcode {code}"), &took);
         assert!(slowest < NO_TRY_WASTED, "slowest {slowest:?}");
-        let bad = t.bad.as_ref().expect("a bad responder").queries();
+        let bad = t.responders[1].as_ref().expect("a bad responder").queries();
         assert!(bad >= 1, "the bad backend was asked");
         assert!(
             bad < 40,
@@ -158,7 +127,6 @@ fn a_closed_port_backend_costs_milliseconds_not_a_try() {
         "the ICMP error is logged against the backend: {}",
         t.fwd.logs()
     );
-    let _ = &t.bad_up;
 }
 
 #[test]
@@ -192,14 +160,14 @@ fn a_few_lost_packets_do_not_demote_a_backend_for_long() {
     // Its lost try times out after a second and makes it suspect; the next probe is answered,
     // and it takes its share again.
     std::thread::sleep(Duration::from_millis(1500));
-    let bad = t.bad.as_ref().unwrap();
+    let bad = t.responders[1].as_ref().unwrap();
     bad.reset_counts();
-    let before_good = t.good.queries();
+    let before_good = t.responder(0).queries();
     for i in 0..60 {
         let _ = t.ask(&format!("after{i}.svc.cluster.local"));
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (to_bad, to_good) = (bad.queries(), t.good.queries() - before_good);
+    let (to_bad, to_good) = (bad.queries(), t.responder(0).queries() - before_good);
     eprintln!("after the losses: {to_bad} to the lossy backend, {to_good} to the other");
     assert!(
         to_bad >= 15,
@@ -238,29 +206,23 @@ fn a_backend_200ms_slower_gets_a_small_share() {
 
 #[test]
 fn stale_answers_come_within_2s_then_at_once_while_every_upstream_is_down() {
-    require_root_and_tools(&["ip"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let normal = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Normal {
+    let mut r = Rig::loopback()
+        .upstream(Mode::Normal {
             answer_v4: GOOD_ANSWER,
-        },
-    );
-    let _fwd = forwarder_for(&topo, up.sock_v4(), &["--cache-min-ttl", "0"]);
-    let cluster: SocketAddr = CLUSTER.parse().unwrap();
+        })
+        .flags(&["--cache-min-ttl", "0"])
+        .start();
+    let (at, cluster) = (r.at.clone(), r.cluster);
     let ask = || {
         let q = make_query("ttl1.stale.svc.cluster.local", RecordType::A, 7, None);
         let started = Instant::now();
-        let reply = udp_exchange(&topo.node, cluster, &q, Duration::from_secs(4));
+        let reply = udp_exchange(&at, cluster, &q, Duration::from_secs(4));
         let msg = reply.and_then(|r| parse_message(&r)).expect("answered");
         (msg.response_code(), msg.answers().len(), started.elapsed())
     };
     assert_eq!(ask().0, ResponseCode::NoError);
     // The upstream goes dark (a black hole: it stops answering but the port stays bound).
-    drop(normal);
-    let _silent = Responder::start(&up.ns, up.sock_v4(), Mode::Silent);
+    r.replace_upstream(0, Mode::Silent);
     std::thread::sleep(Duration::from_millis(1200)); // the TTL of 1 s has run out
     let (code, answers, first) = ask();
     assert_eq!(
@@ -307,9 +269,8 @@ fn tcp_clients_piling_on_a_silent_tcp_upstream_cannot_starve_the_process_of_desc
     );
     // 250 clients, 4 pipelined queries each: their TCP tries go to both backends, and the ones
     // at the silent TCP side stay open until their budget ends.
-    let node = &t.topo.node;
-    let cluster: SocketAddr = CLUSTER.parse().unwrap();
-    let streams: Vec<std::net::TcpStream> = node.enter(|| {
+    let cluster = t.cluster;
+    let streams: Vec<std::net::TcpStream> = t.at.enter(|| {
         (0..250)
             .filter_map(|c| {
                 let mut s = std::net::TcpStream::connect(cluster).ok()?;
@@ -344,7 +305,7 @@ fn tcp_clients_piling_on_a_silent_tcp_upstream_cannot_starve_the_process_of_desc
     assert!(t.fwd.is_running());
     // Running short of descriptors is our own trouble: it never makes the backend that answers
     // suspect.
-    let good = t._good_up.sock_v4().to_string();
+    let good = t.upstreams[0].to_string();
     let logs = t.fwd.logs();
     let blamed: Vec<&str> = logs
         .lines()

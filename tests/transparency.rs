@@ -11,10 +11,9 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::truncating::{TruncatingUpstream, many_addresses};
 use common::*;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
@@ -25,10 +24,6 @@ const NODE: &str = "169.254.10.10";
 const CLUSTER: &str = "169.254.10.11";
 const ZONE: &str = "transp.test.";
 const WAIT: Duration = Duration::from_secs(3);
-
-fn listener(ip: &str) -> SocketAddr {
-    SocketAddr::new(ip.parse().expect("literal"), 53)
-}
 
 /// The signed zone knot serves: big RRsets, CNAME chains, a wildcard, an unknown type.
 fn zone_text() -> String {
@@ -59,69 +54,6 @@ fn zone_text() -> String {
     z
 }
 
-/// knotd, authoritative for [`ZONE`], signing it itself (ECDSA P-256, NSEC).
-struct Knot {
-    child: std::process::Child,
-    log: LogCollector,
-    _dir: TempDir,
-}
-
-impl Knot {
-    fn start(ns: &Netns, addr: IpAddr) -> Knot {
-        let dir = TempDir::new("knot");
-        let d = dir.path().display();
-        std::fs::write(dir.path().join("transp.test.zone"), zone_text()).expect("write zone");
-        let conf = format!(
-            concat!(
-                "server:\n  listen: {addr}@53\n  rundir: {d}\n",
-                "database:\n  storage: {d}\n",
-                "control:\n  listen: {d}/knot.sock\n",
-                "log:\n  - target: stderr\n    any: warning\n",
-                "policy:\n  - id: fast\n    algorithm: ecdsap256sha256\n",
-                "template:\n  - id: default\n    storage: {d}\n    file: \"%s.zone\"\n",
-                "zone:\n  - domain: {zone}\n    dnssec-signing: on\n    dnssec-policy: fast\n",
-            ),
-            addr = addr,
-            d = d,
-            zone = ZONE,
-        );
-        let conf_path = dir.path().join("knot.conf");
-        std::fs::write(&conf_path, conf).expect("write knot.conf");
-        let cmd = ns.exec("knotd", [std::ffi::OsStr::new("-c"), conf_path.as_os_str()]);
-        let (mut child, log) = spawn_logged(cmd, "knotd");
-        // Ready once the zone is served signed.
-        let up = SocketAddr::new(addr, 53);
-        let signed = poll_until(Duration::from_secs(15), || {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("knotd exited ({status}):\n{}", log.text());
-            }
-            let q = query_bytes(&Spec::probe());
-            let r = udp_exchange(ns, up, &q, Duration::from_millis(300))?;
-            let m = Message::from_vec(&r).ok()?;
-            m.answers()
-                .iter()
-                .any(|r| r.record_type() == RecordType::RRSIG)
-                .then_some(())
-        });
-        if signed.is_none() {
-            kill_and_reap(&mut child);
-            panic!("knotd did not serve {ZONE} signed in 15 s:\n{}", log.text());
-        }
-        Knot {
-            child,
-            log,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Knot {
-    fn drop(&mut self) {
-        kill_and_reap(&mut self.child);
-        let _ = &self.log;
-    }
-}
-
 /// One query of the battery.
 #[derive(Clone, Debug)]
 struct Spec {
@@ -137,19 +69,6 @@ struct Spec {
 }
 
 impl Spec {
-    fn probe() -> Spec {
-        Spec {
-            id: 1,
-            name: ZONE.to_string(),
-            qtype: RecordType::SOA,
-            class: DNSClass::IN,
-            rd: false,
-            ad: false,
-            cd: false,
-            edns: Some((1232, true, 0, Vec::new())),
-        }
-    }
-
     fn dnssec_ok(&self) -> bool {
         self.edns.as_ref().is_some_and(|e| e.1)
     }
@@ -416,42 +335,38 @@ fn battery() -> Vec<Spec> {
 /// One exchange over UDP or TCP, from the namespace the caller runs in.
 fn exchange(to: SocketAddr, tcp: bool, query: &[u8]) -> Option<Vec<u8>> {
     if tcp {
-        tcp_exchange_here(to, &[query.to_vec()], WAIT).pop()
+        tcp_exchange(Place::Here, to, &[query.to_vec()], WAIT).pop()
     } else {
-        udp_exchange_here(to, query, WAIT)
+        udp_exchange(Place::Here, to, query, WAIT)
     }
 }
 
 #[test]
 fn every_answer_through_each_listener_is_the_upstreams_own() {
-    require_root_and_tools(&["ip", "knotd", "unbound"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let knot_ip = up.v4.expect("v4");
-    let unbound_ip = up.alt_v4.expect("alt v4");
-    let _knot = Knot::start(&up.ns, knot_ip.into());
+    require_tools(&["knotd", "unbound"]);
+    let knot = free_loopback_port();
+    let unbound = free_loopback_port();
+    let _knot = Knot::start(Place::Here, knot, ZONE, &zone_text());
     let extra = format!(
-        "local-zone: \"test.\" nodefault\nforward-zone:\nname: \"{ZONE}\"\nforward-addr: {knot_ip}\n"
+        "local-zone: \"test.\" nodefault\nforward-zone:\nname: \"{ZONE}\"\nforward-addr: {}@{}\n",
+        knot.ip(),
+        knot.port()
     );
-    let _unbound = Unbound::start_with(&up.ns, &[unbound_ip.into()], &[], &[], &extra);
-    let knot = dns53(knot_ip);
-    let unbound = dns53(unbound_ip);
-    let args: Vec<String> = [
-        "--node-upstream",
-        &unbound.to_string(),
-        "--cluster-upstream",
-        &knot.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let fwd = Forwarder::spawn(&topo.node, &args);
-    for l in [NODE, CLUSTER] {
-        fwd.wait_ready(&topo.node, listener(l), Duration::from_secs(10));
+    let _unbound = Unbound::start_with(Place::Here, &[unbound], &[], &[], &extra);
+    let fwd = Forwarder::spawn(
+        Place::Here,
+        &loopback_forwarder_args(&[unbound], &[knot], &[]),
+    );
+    let (node, cluster) = (
+        fwd.listening_on("node", Duration::from_secs(10)),
+        fwd.listening_on("cluster", Duration::from_secs(10)),
+    );
+    for l in [node, cluster] {
+        fwd.wait_ready(Place::Here, l, Duration::from_secs(10));
     }
     let battery = battery();
-    let pairs = [(listener(CLUSTER), knot), (listener(NODE), unbound)];
-    let (compared, failures) = topo.node.enter(|| {
+    let pairs = [(cluster, knot), (node, unbound)];
+    let (compared, failures) = {
         let mut failures = Vec::new();
         let mut compared = 0;
         for s in &battery {
@@ -484,7 +399,7 @@ fn every_answer_through_each_listener_is_the_upstreams_own() {
             }
         }
         (compared, failures)
-    });
+    };
     assert!(compared >= 700, "only {compared} answers compared");
     assert!(
         failures.is_empty(),
@@ -540,10 +455,8 @@ fn glibc_gets_every_address_and_musl_the_ones_that_fit_through_each_listener() {
             .arg(&gai)
             .arg(&src),
     );
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let stand_in = TruncatingUpstream::start(&up.ns, up.sock_v4());
-    let _fwd = forwarder_for(&topo, up.sock_v4(), &[]);
+    let rig = Rig::namespaces().upstream(Mode::CoreDns).start();
+    let topo = rig.topo.as_ref().expect("a namespace rig");
     for l in [NODE, CLUSTER] {
         topo.node
             .set_resolv_conf(&format!("nameserver {l}\noptions timeout:2 attempts:1\n"));
@@ -578,7 +491,7 @@ fn glibc_gets_every_address_and_musl_the_ones_that_fit_through_each_listener() {
         }
     }
     assert!(
-        stand_in.truncated.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        rig.responder(0).truncated() > 0,
         "the stand-in never had to truncate: the test proves nothing"
     );
 }

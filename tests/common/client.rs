@@ -1,7 +1,7 @@
-//! DNS clients: real `dig`/`kdig`/`getent` run inside a namespace, and raw
-//! UDP/TCP exchanges from sockets created inside a namespace.
+//! DNS clients: real `dig`/`kdig`/`getent`, and raw UDP/TCP exchanges, each run at a [`Place`]:
+//! on the host against a loopback address, or inside a namespace.
 
-use super::netns::Netns;
+use super::netns::{Netns, Place};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{Name, RecordType};
 use std::io::{ErrorKind, Read, Write};
@@ -165,8 +165,8 @@ fn parse_rr_line(line: &str) -> Option<DigRecord> {
     })
 }
 
-fn run_client(ns: &Netns, prog: &str, args: Vec<String>) -> DigResult {
-    let mut cmd = ns.exec(prog, &args);
+fn run_client(at: Place, prog: &str, args: Vec<String>) -> DigResult {
+    let mut cmd = at.command(prog, &args);
     let started = Instant::now();
     let out = cmd
         .output()
@@ -177,19 +177,45 @@ fn run_client(ns: &Netns, prog: &str, args: Vec<String>) -> DigResult {
     DigResult::parse(raw, elapsed)
 }
 
-/// Runs `dig +tries=1 +time=5 <args>` inside `ns` (pass `@server`, name,
-/// type, `+tcp`, `+ignore`, ... in `args`; later options override earlier).
-pub fn dig(ns: &Netns, args: &[&str]) -> DigResult {
+/// Runs `dig +tries=1 +time=5 <args>` at `at` (pass `@server`, name, type, `+tcp`, `+ignore`,
+/// ... in `args`; later options override earlier). [`server`] gives the `@server -p port`
+/// arguments of a socket address.
+pub fn dig(at: impl Into<Place>, args: &[&str]) -> DigResult {
     let mut all = vec!["+tries=1".to_string(), "+time=5".to_string()];
     all.extend(args.iter().map(|a| a.to_string()));
-    run_client(ns, "dig", all)
+    run_client(at.into(), "dig", all)
 }
 
-/// Runs `kdig +retry=0 +timeout=5 <args>` inside `ns`; same parsing as dig.
-pub fn kdig(ns: &Netns, args: &[&str]) -> DigResult {
+/// Runs `kdig +retry=0 +timeout=5 <args>` at `at`; same parsing as dig.
+pub fn kdig(at: impl Into<Place>, args: &[&str]) -> DigResult {
     let mut all = vec!["+retry=0".to_string(), "+timeout=5".to_string()];
     all.extend(args.iter().map(|a| a.to_string()));
-    run_client(ns, "kdig", all)
+    run_client(at.into(), "kdig", all)
+}
+
+/// `@ip -p port`: how dig and kdig are pointed at `addr`.
+pub fn server(addr: SocketAddr) -> [String; 3] {
+    [
+        format!("@{}", addr.ip()),
+        "-p".to_string(),
+        addr.port().to_string(),
+    ]
+}
+
+/// [`dig`] with [`server`]`(to)` in front of `args`.
+pub fn dig_to(at: impl Into<Place>, to: SocketAddr, args: &[&str]) -> DigResult {
+    let head = server(to);
+    let mut all: Vec<&str> = head.iter().map(String::as_str).collect();
+    all.extend_from_slice(args);
+    dig(at, &all)
+}
+
+/// [`kdig`] with [`server`]`(to)` in front of `args`.
+pub fn kdig_to(at: impl Into<Place>, to: SocketAddr, args: &[&str]) -> DigResult {
+    let head = server(to);
+    let mut all: Vec<&str> = head.iter().map(String::as_str).collect();
+    all.extend_from_slice(args);
+    kdig(at, &all)
 }
 
 /// `getent hosts <name>` inside `ns` (glibc resolver, so it follows the
@@ -214,16 +240,20 @@ fn any_addr_for(to: SocketAddr) -> SocketAddr {
     }
 }
 
-/// Sends `bytes` to `to` from a fresh UDP socket in `ns` and returns the first
+/// Sends `bytes` to `to` from a fresh UDP socket at `at` and returns the first
 /// datagram that comes back from `to` within `wait` (the socket is connected,
 /// so the kernel drops datagrams from anyone else). None on timeout or if the
 /// port is unreachable.
-pub fn udp_exchange(ns: &Netns, to: SocketAddr, bytes: &[u8], wait: Duration) -> Option<Vec<u8>> {
-    ns.enter(|| udp_exchange_here(to, bytes, wait))
+pub fn udp_exchange(
+    at: impl Into<Place>,
+    to: SocketAddr,
+    bytes: &[u8],
+    wait: Duration,
+) -> Option<Vec<u8>> {
+    at.into().enter(|| udp_exchange_here(to, bytes, wait))
 }
 
-/// [`udp_exchange`] from the namespace the test runs in (loopback tests).
-pub fn udp_exchange_here(to: SocketAddr, bytes: &[u8], wait: Duration) -> Option<Vec<u8>> {
+fn udp_exchange_here(to: SocketAddr, bytes: &[u8], wait: Duration) -> Option<Vec<u8>> {
     let sock = UdpSocket::bind(any_addr_for(to)).expect("bind UDP client socket");
     sock.connect(to).ok()?;
     sock.send(bytes).ok()?;
@@ -235,30 +265,29 @@ pub fn udp_exchange_here(to: SocketAddr, bytes: &[u8], wait: Duration) -> Option
     Some(buf)
 }
 
-/// Sends `bytes` to `to` from a fresh UDP socket in `ns`, waiting for nothing.
-pub fn udp_send(ns: &Netns, to: SocketAddr, bytes: &[u8]) {
-    ns.enter(|| {
+/// Sends `bytes` to `to` from a fresh UDP socket at `at`, waiting for nothing.
+pub fn udp_send(at: impl Into<Place>, to: SocketAddr, bytes: &[u8]) {
+    at.into().enter(|| {
         let sock = UdpSocket::bind(any_addr_for(to)).expect("bind UDP client socket");
         let _ = sock.send_to(bytes, to);
     })
 }
 
-/// Opens one TCP connection from `ns` to `to`, sends every frame (each with
+/// Opens one TCP connection from `at` to `to`, sends every frame (each with
 /// its 2-byte length prefix, all written at once: pipelined), and reads reply
 /// frames until there are as many as frames sent, the peer closes, or `wait`
 /// (counted from the start, connect included) runs out. Returns the replies
 /// received, without their prefixes; empty if the connection failed.
 pub fn tcp_exchange(
-    ns: &Netns,
+    at: impl Into<Place>,
     to: SocketAddr,
     frames: &[Vec<u8>],
     wait: Duration,
 ) -> Vec<Vec<u8>> {
-    ns.enter(|| tcp_exchange_here(to, frames, wait))
+    at.into().enter(|| tcp_exchange_here(to, frames, wait))
 }
 
-/// [`tcp_exchange`] from the namespace the test runs in (loopback tests).
-pub fn tcp_exchange_here(to: SocketAddr, frames: &[Vec<u8>], wait: Duration) -> Vec<Vec<u8>> {
+fn tcp_exchange_here(to: SocketAddr, frames: &[Vec<u8>], wait: Duration) -> Vec<Vec<u8>> {
     let deadline = Instant::now() + wait;
     let Ok(mut stream) = TcpStream::connect_timeout(&to, wait.max(Duration::from_millis(1))) else {
         return Vec::new();
@@ -323,11 +352,11 @@ pub fn parse_message(bytes: &[u8]) -> Option<Message> {
     Message::from_vec(bytes).ok()
 }
 
-/// One probe: true if a UDP A query for `name` sent to `addr` from inside
-/// `ns` gets any DNS reply with the query's ID within `wait`.
-pub fn dns_answers(ns: &Netns, addr: SocketAddr, name: &str, wait: Duration) -> bool {
+/// One probe: true if a UDP A query for `name` sent to `addr` from `at` gets any DNS reply
+/// with the query's ID within `wait`.
+pub fn dns_answers(at: impl Into<Place>, addr: SocketAddr, name: &str, wait: Duration) -> bool {
     let id = rand::random::<u16>();
     let query = make_query(name, RecordType::A, id, None);
-    udp_exchange(ns, addr, &query, wait)
+    udp_exchange(at, addr, &query, wait)
         .is_some_and(|reply| reply.len() >= 12 && reply[..2] == id.to_be_bytes())
 }

@@ -1,7 +1,8 @@
-//! The forwarder under test, run as a child process inside a namespace.
+//! The forwarder under test, run as a child process at a [`Place`]: inside a namespace the test
+//! built, or on the host serving loopback addresses (no root needed).
 
 use super::client::dns_answers;
-use super::netns::Netns;
+use super::netns::Place;
 use super::{LogCollector, kill_and_reap, spawn_logged};
 use nix::sys::signal::Signal;
 use std::net::SocketAddr;
@@ -26,14 +27,18 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// Spawns the binary with `args` inside `ns`, inheriting our environment.
-    pub fn spawn(ns: &Netns, args: &[String]) -> Forwarder {
-        Forwarder::spawn_with_env(ns, args, &[])
+    /// Spawns the binary with `args` at `at`, inheriting our environment.
+    pub fn spawn(at: impl Into<Place>, args: &[String]) -> Forwarder {
+        Forwarder::spawn_with_env(at, args, &[])
     }
 
     /// As [`Forwarder::spawn`], with extra environment variables (e.g.
     /// `("RUST_LOG", "debug")`).
-    pub fn spawn_with_env(ns: &Netns, args: &[String], env: &[(&str, &str)]) -> Forwarder {
+    pub fn spawn_with_env(
+        at: impl Into<Place>,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Forwarder {
         // Network rule: the forwarder must never discover the VNet DNS from the host's own
         // resolv.conf or DHCP leases (they name this machine's real DNS servers; `ip netns exec`
         // keeps the host's /run).
@@ -42,7 +47,12 @@ impl Forwarder {
             has("--node-upstream") || (has("--resolv-conf") && has("--dhcp-leases")),
             "a test forwarder needs --node-upstream, or --resolv-conf with --dhcp-leases: {args:?}"
         );
-        let mut cmd = ns.exec(forwarder_binary(), args);
+        let at = at.into();
+        let mut cmd = at.command(forwarder_binary(), args);
+        if at == Place::Here {
+            // Logs as plain text, whatever the environment of the test run.
+            cmd.env_remove("JOURNAL_STREAM");
+        }
         cmd.envs(env.iter().copied());
         let (child, log) = spawn_logged(cmd, "localdns-fallback");
         Forwarder {
@@ -106,10 +116,11 @@ impl Forwarder {
         .is_some()
     }
 
-    /// Polls `addr` from inside `ns` with UDP queries for
+    /// Polls `addr` from `at` with UDP queries for
     /// `health-check.localdns.local` until one gets any reply. Panics, with
     /// the forwarder's logs, if it exits first or `timeout` passes.
-    pub fn wait_ready(&self, ns: &Netns, addr: SocketAddr, timeout: Duration) {
+    pub fn wait_ready(&self, at: impl Into<Place>, addr: SocketAddr, timeout: Duration) {
+        let at = at.into();
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.try_exit_status() {
@@ -118,7 +129,7 @@ impl Forwarder {
                     self.logs()
                 );
             }
-            if dns_answers(ns, addr, HEALTH_CHECK_NAME, Duration::from_millis(200)) {
+            if dns_answers(&at, addr, HEALTH_CHECK_NAME, Duration::from_millis(200)) {
                 return;
             }
             if Instant::now() >= deadline {
@@ -129,6 +140,29 @@ impl Forwarder {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The address one listener (`node` or `cluster`) serves, from its start-up log line: the
+    /// way to learn a port the kernel picked for a listener given port 0. Waits up to `timeout`.
+    pub fn listening_on(&self, listener: &str, timeout: Duration) -> SocketAddr {
+        let tag = format!("listener=\"{listener}\"");
+        let found = super::poll_until(timeout, || {
+            if self.try_exit_status().is_some() {
+                return None;
+            }
+            let lines = self.log.lines();
+            let line = lines
+                .iter()
+                .find(|l| l.contains("serving UDP and TCP") && l.contains(&tag))?;
+            let at = line.find(" addr=")? + " addr=".len();
+            line[at..].split_whitespace().next()?.parse().ok()
+        });
+        found.unwrap_or_else(|| {
+            panic!(
+                "the {listener} listener did not come up within {timeout:?}; logs:\n{}",
+                self.logs()
+            )
+        })
     }
 }
 

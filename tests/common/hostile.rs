@@ -2,9 +2,10 @@
 //! TCP clients that misbehave, a look at the forwarder's sockets and memory through /proc, and a
 //! flood of forged upstream replies sent with a spoofed source address.
 //!
-//! Network rule: the flood and every raw client send only inside the test's own namespaces.
+//! Network rule: the flood sends only inside the test's own namespaces, every raw client only to
+//! loopback or inside them.
 
-use super::netns::Netns;
+use super::netns::{Netns, Place};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::HashSet;
 use std::io::{ErrorKind, Read};
@@ -78,9 +79,10 @@ pub fn raw_header(p: &[u8]) -> Option<RawHeader> {
     })
 }
 
-/// A TCP connection opened from inside `ns` (the socket stays in that namespace).
-pub fn tcp_connect(ns: &Netns, to: SocketAddr, timeout: Duration) -> Option<TcpStream> {
-    ns.enter(|| TcpStream::connect_timeout(&to, timeout).ok())
+/// A TCP connection opened from `at` (the socket stays in that place's namespace).
+pub fn tcp_connect(at: impl Into<Place>, to: SocketAddr, timeout: Duration) -> Option<TcpStream> {
+    at.into()
+        .enter(|| TcpStream::connect_timeout(&to, timeout).ok())
 }
 
 /// Has the peer closed `stream`? Reads without waiting; data the peer sent is discarded.
@@ -333,11 +335,16 @@ pub fn flood_unsolicited_replies(ns: &Netns, plan: &FloodPlan) -> FloodReport {
     report
 }
 
-/// Sends every packet in `packets` to `to` from one fresh UDP socket in `ns`, then collects every
+/// Sends every packet in `packets` to `to` from one fresh UDP socket at `at`, then collects every
 /// datagram that comes back from `to` for `wait`. (One socket and one wait for a whole batch of
 /// packets that should get no reply, instead of a wait per packet.)
-pub fn udp_burst(ns: &Netns, to: SocketAddr, packets: &[Vec<u8>], wait: Duration) -> Vec<Vec<u8>> {
-    ns.enter(|| {
+pub fn udp_burst(
+    at: impl Into<Place>,
+    to: SocketAddr,
+    packets: &[Vec<u8>],
+    wait: Duration,
+) -> Vec<Vec<u8>> {
+    at.into().enter(|| {
         let any: SocketAddr = match to {
             SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
             SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),

@@ -1,9 +1,9 @@
 //! Integration-test harness: network namespaces, a scriptable DNS responder,
 //! real DNS servers (dnsmasq, unbound), the forwarder under test and DNS clients.
 //!
-//! Network rule: every packet a test sends goes to an address inside a
-//! namespace the test created; nothing is sent from the host namespace to a
-//! non-loopback address. Every resource is released in `Drop`, also when a
+//! Network rule: every packet a test sends goes to a loopback address or to an
+//! address inside a namespace the test created; nothing is sent from the host
+//! namespace to a non-loopback address. Every resource is released in `Drop`, also when a
 //! test panics.
 //!
 //! Each integration test binary does `mod common; use common::*;` and uses a
@@ -13,12 +13,10 @@
 pub mod client;
 pub mod forwarder;
 pub mod hostile;
-pub mod loopback;
 pub mod netns;
-pub mod node;
 pub mod responder;
+pub mod rig;
 pub mod servers;
-pub mod truncating;
 
 // Re-exports for `use common::*`; a binary that uses none of a module's items
 // would otherwise warn.
@@ -31,9 +29,9 @@ pub use hostile::*;
 #[allow(unused_imports)]
 pub use netns::*;
 #[allow(unused_imports)]
-pub use node::*;
-#[allow(unused_imports)]
 pub use responder::*;
+#[allow(unused_imports)]
+pub use rig::*;
 #[allow(unused_imports)]
 pub use servers::*;
 
@@ -50,6 +48,11 @@ pub fn require_root_and_tools(tools: &[&str]) {
         effective_uid() == Some(0),
         "these integration tests need root (network namespaces, veth, port 53): run `sudo cargo test`"
     );
+    require_tools(tools);
+}
+
+/// Panics unless every tool in `tools` is on PATH.
+pub fn require_tools(tools: &[&str]) {
     let missing: Vec<&str> = tools
         .iter()
         .copied()
@@ -64,7 +67,7 @@ pub fn require_root_and_tools(tools: &[&str]) {
 
 /// The effective uid, from /proc/self/status (nix's geteuid needs a feature
 /// this crate does not enable).
-fn effective_uid() -> Option<u32> {
+pub(crate) fn effective_uid() -> Option<u32> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
     // "Uid:\treal\teffective\tsaved\tfs"

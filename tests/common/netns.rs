@@ -1,4 +1,5 @@
-//! Network namespaces and the standard node/upstream topology.
+//! Network namespaces, the standard node/upstream topology, and [`Place`]: where a client or
+//! server of a test runs (the test's own namespace, or one the test created).
 
 use super::unique_name;
 use std::ffi::OsStr;
@@ -75,9 +76,7 @@ impl Netns {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name]).arg(prog).args(args);
-        cmd
+        Place::from(self).command(prog, args)
     }
 
     /// Runs `ip -n <name> <args>` (args split on whitespace); panics with
@@ -110,19 +109,7 @@ impl Netns {
     /// created there belong to the namespace and stay in it wherever they are
     /// used afterwards. A panic in `f` is propagated.
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = self.path();
-        std::thread::scope(|scope| {
-            let handle = scope.spawn(move || {
-                let file = std::fs::File::open(&path)
-                    .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .unwrap_or_else(|e| panic!("setns({}) failed: {e}", path.display()));
-                f()
-            });
-            handle
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })
+        enter_named(&self.name, f)
     }
 
     /// Pids of the processes living in this namespace (`ip netns pids`).
@@ -178,6 +165,81 @@ impl Drop for Netns {
                 eprintln!("harness: cannot remove {}: {e}", etc.display());
             }
         }
+    }
+}
+
+/// Runs `f` on a fresh thread that first joins the named namespace (see [`Netns::enter`]).
+fn enter_named<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
+    let path = PathBuf::from(format!("/var/run/netns/{name}"));
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(move || {
+            let file = std::fs::File::open(&path)
+                .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("setns({}) failed: {e}", path.display()));
+            f()
+        });
+        handle
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Where a client, server or forwarder of a test runs: `Here` is the namespace the calling
+/// thread is in (the host's, for the loopback tier), `Ns` a namespace the test created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    Here,
+    Ns(String),
+}
+
+impl Place {
+    /// A Command running `prog args...` at this place (`ip netns exec` for a namespace).
+    pub fn command<I, S>(&self, prog: impl AsRef<OsStr>, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        match self {
+            Place::Here => {
+                let mut cmd = Command::new(prog);
+                cmd.args(args);
+                cmd
+            }
+            Place::Ns(name) => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", name]).arg(prog).args(args);
+                cmd
+            }
+        }
+    }
+
+    /// Runs `f` at this place: sockets it creates belong there (see [`Netns::enter`]).
+    pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        match self {
+            Place::Here => f(),
+            Place::Ns(name) => enter_named(name, f),
+        }
+    }
+
+    /// For error messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Place::Here => "the test's own namespace".to_string(),
+            Place::Ns(name) => format!("namespace {name}"),
+        }
+    }
+}
+
+impl From<&Netns> for Place {
+    fn from(ns: &Netns) -> Place {
+        Place::Ns(ns.name.clone())
+    }
+}
+
+impl From<&Place> for Place {
+    fn from(p: &Place) -> Place {
+        p.clone()
     }
 }
 

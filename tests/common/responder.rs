@@ -1,14 +1,16 @@
-//! An in-process, scriptable DNS server used as an upstream of the forwarder.
+//! The test kit's one scriptable DNS server: every stand-in upstream (kube-dns, the VNet DNS, a
+//! CoreDNS that truncates, a LocalDNS sharing the listener ports) is this responder in a mode.
 //!
 //! It serves UDP and TCP (2-byte length framing, several queries per
-//! connection) on one address inside a namespace. Its sockets are created in
-//! the namespace through [`Netns::enter`]; the serving threads run anywhere.
+//! connection) on one address at a [`Place`]: a loopback address of the host,
+//! or an address inside a namespace. Its sockets are created there through
+//! [`Place::enter`]; the serving threads run anywhere.
 //! Every byte it receives is untrusted: malformed input is answered with
 //! FORMERR or dropped, never unwrapped.
 
-use super::netns::Netns;
+use super::netns::Place;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, TXT};
+use hickory_proto::rr::rdata::{A, SOA, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use rand::Rng;
 use std::io::{ErrorKind, Read, Write};
@@ -88,6 +90,19 @@ pub enum Mode {
     DropFirst { answer_v4: Ipv4Addr, n: usize },
     /// UDP answered as Normal; TCP connections accepted and never answered.
     TcpSilent { answer_v4: Ipv4Addr },
+    /// kube-dns as CoreDNS answers it, with answers of its own: `many<N>.<anything>` has N A
+    /// records ([`many_addresses`], TTL 30), every other name is NXDOMAIN with an SOA; replies are
+    /// authoritative. Over UDP an answer larger than the client advertised (512 bytes without
+    /// EDNS) keeps as many whole records as fit, with TC set (miekg/dns `Truncate`); over TCP it
+    /// goes whole. A query that does not parse, or is not a query, is dropped.
+    CoreDns,
+}
+
+/// The addresses of `many<n>.*` in [`Mode::CoreDns`], in the order they are answered.
+pub fn many_addresses(n: usize) -> Vec<Ipv4Addr> {
+    (0..n)
+        .map(|i| Ipv4Addr::new(10, 77, (i / 250) as u8, (i % 250) as u8 + 1))
+        .collect()
 }
 
 /// A running responder; dropping it stops and joins all its threads.
@@ -96,21 +111,41 @@ pub struct Responder {
     stop: Arc<AtomicBool>,
     udp_count: Arc<AtomicUsize>,
     tcp_count: Arc<AtomicUsize>,
+    truncated: Arc<AtomicUsize>,
     threads: Vec<JoinHandle<()>>,
     /// Per-connection and delayed-reply threads, joined on drop.
     workers: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
-/// Binds the responder's sockets where the caller runs (`where_` names it for errors).
+/// Binds the responder's sockets where the caller runs (`where_` names it for errors). With
+/// `reuse_port` both sockets join the port's SO_REUSEPORT group, as CoreDNS binds them.
 fn bind(
     addr: SocketAddr,
     mode: &Mode,
     where_: &str,
+    reuse_port: bool,
 ) -> (UdpSocket, TcpListener, Option<SpoofSockets>) {
-    let udp = UdpSocket::bind(addr)
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = |ty: Type, proto: Protocol| -> std::io::Result<Socket> {
+        let s = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
+        if reuse_port {
+            s.set_reuse_port(true)?;
+        }
+        if ty == Type::STREAM {
+            s.set_reuse_address(true)?;
+        }
+        Ok(s)
+    };
+    let udp = socket(Type::DGRAM, Protocol::UDP)
+        .and_then(|s| s.bind(&addr.into()).map(|()| UdpSocket::from(s)))
         .unwrap_or_else(|e| panic!("responder: cannot bind UDP {addr} in {where_}: {e}"));
     let addr = udp.local_addr().expect("local_addr of a bound socket");
-    let tcp = TcpListener::bind(addr)
+    let tcp = socket(Type::STREAM, Protocol::TCP)
+        .and_then(|s| {
+            s.bind(&addr.into())?;
+            s.listen(128)?;
+            Ok(TcpListener::from(s))
+        })
         .unwrap_or_else(|e| panic!("responder: cannot bind TCP {addr} in {where_}: {e}"));
     let spoof = match &mode {
         Mode::Spoof { alt_src, .. } => {
@@ -142,21 +177,23 @@ struct SpoofSockets {
 }
 
 impl Responder {
-    /// Starts serving on `addr` (UDP and TCP) inside `ns`. With port 0 the
+    /// Starts serving on `addr` (UDP and TCP) at `at`. With port 0 the
     /// kernel picks a port for UDP and TCP uses the same one; see [`addr`].
     ///
     /// [`addr`]: Responder::addr
-    pub fn start(ns: &Netns, addr: SocketAddr, mode: Mode) -> Responder {
-        let where_ = ns.name.clone();
-        let (udp, tcp, spoof) = ns.enter(|| bind(addr, &mode, &where_));
-        Responder::serve(udp, tcp, spoof, mode)
+    pub fn start(at: impl Into<Place>, addr: SocketAddr, mode: Mode) -> Responder {
+        Responder::start_bound(at.into(), addr, mode, false)
     }
 
-    /// Starts serving on 127.0.0.1, on a port the kernel picks (UDP and TCP alike), in the
-    /// namespace the test runs in: for the tests that need neither root nor namespaces.
-    pub fn on_loopback(mode: Mode) -> Responder {
-        let any: SocketAddr = "127.0.0.1:0".parse().expect("literal");
-        let (udp, tcp, spoof) = bind(any, &mode, "the test's own namespace");
+    /// As [`Responder::start`], sharing the port with SO_REUSEPORT: a second server on a port
+    /// another one already serves, as LocalDNS joins the fallback's listeners.
+    pub fn start_shared(at: impl Into<Place>, addr: SocketAddr, mode: Mode) -> Responder {
+        Responder::start_bound(at.into(), addr, mode, true)
+    }
+
+    fn start_bound(at: Place, addr: SocketAddr, mode: Mode, reuse_port: bool) -> Responder {
+        let where_ = at.describe();
+        let (udp, tcp, spoof) = at.enter(|| bind(addr, &mode, &where_, reuse_port));
         Responder::serve(udp, tcp, spoof, mode)
     }
 
@@ -176,6 +213,7 @@ impl Responder {
         let stop = Arc::new(AtomicBool::new(false));
         let udp_count = Arc::new(AtomicUsize::new(0));
         let tcp_count = Arc::new(AtomicUsize::new(0));
+        let truncated = Arc::new(AtomicUsize::new(0));
         let workers = Arc::new(Mutex::new(Vec::new()));
 
         let udp_thread = {
@@ -183,6 +221,7 @@ impl Responder {
                 mode: mode.clone(),
                 stop: Arc::clone(&stop),
                 count: Arc::clone(&udp_count),
+                truncated: Arc::clone(&truncated),
                 seen: Arc::default(),
                 workers: Arc::clone(&workers),
             };
@@ -196,6 +235,7 @@ impl Responder {
                 mode,
                 stop: Arc::clone(&stop),
                 count: Arc::clone(&tcp_count),
+                truncated: Arc::clone(&truncated),
                 seen: Arc::default(),
                 workers: Arc::clone(&workers),
             };
@@ -210,6 +250,7 @@ impl Responder {
             stop,
             udp_count,
             tcp_count,
+            truncated,
             threads: vec![udp_thread, tcp_thread],
             workers,
         }
@@ -236,6 +277,11 @@ impl Responder {
     /// The live counters, for watching from another thread.
     pub fn counters(&self) -> (Arc<AtomicUsize>, Arc<AtomicUsize>) {
         (Arc::clone(&self.udp_count), Arc::clone(&self.tcp_count))
+    }
+
+    /// UDP replies sent with TC set.
+    pub fn truncated(&self) -> usize {
+        self.truncated.load(Ordering::SeqCst)
     }
 
     pub fn reset_counts(&self) {
@@ -269,6 +315,8 @@ struct Ctx {
     mode: Mode,
     stop: Arc<AtomicBool>,
     count: Arc<AtomicUsize>,
+    /// UDP replies sent with TC set.
+    truncated: Arc<AtomicUsize>,
     /// Queries seen over the responder's whole life (`count` may be reset by a test).
     seen: Arc<AtomicUsize>,
     workers: Arc<Mutex<Vec<JoinHandle<()>>>>,
@@ -328,6 +376,14 @@ fn serve_udp(sock: Arc<UdpSocket>, spoof: Option<Arc<SpoofSockets>>, ctx: Ctx) {
         let query = &buf[..len];
         match &ctx.mode {
             Mode::Silent => {}
+            Mode::CoreDns => {
+                if let Some(reply) = coredns_reply(query, true) {
+                    if reply.len() >= 3 && reply[2] & 0x02 != 0 {
+                        ctx.truncated.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let _ = sock.send_to(&reply, src);
+                }
+            }
             Mode::Rcode { code } => {
                 if let Some(reply) = rcode_reply(query, *code) {
                     let _ = sock.send_to(&reply, src);
@@ -549,6 +605,7 @@ fn serve_tcp_conn(mut stream: TcpStream, ctx: &Ctx) {
 fn tcp_reply(query: &[u8], ctx: &Ctx) -> Option<Vec<u8>> {
     match &ctx.mode {
         Mode::Silent | Mode::TcpSilent { .. } => None,
+        Mode::CoreDns => coredns_reply(query, false),
         Mode::Rcode { code } => rcode_reply(query, *code),
         Mode::Garbage => Some(random_frame()),
         Mode::Normal { answer_v4 }
@@ -643,7 +700,7 @@ fn build_reply(query: &Message, answer_v4: Ipv4Addr) -> Message {
     if lower.starts_with("nx.") {
         reply.set_response_code(ResponseCode::NXDomain);
         // RFC 2308: the SOA says how long the denial may be cached: min(TTL, MINIMUM).
-        let soa = hickory_proto::rr::rdata::SOA::new(
+        let soa = SOA::new(
             Name::from_ascii("ns.test.").expect("literal"),
             Name::from_ascii("host.test.").expect("literal"),
             1,
@@ -704,4 +761,85 @@ fn encode(reply: &Message, limit: Option<usize>) -> Option<Vec<u8>> {
         }
         _ => Some(bytes),
     }
+}
+
+/// The reply of [`Mode::CoreDns`] to `query`, cut like CoreDNS over UDP.
+fn coredns_reply(query: &[u8], udp: bool) -> Option<Vec<u8>> {
+    let msg = Message::from_vec(query).ok()?;
+    if msg.message_type() != MessageType::Query {
+        return None;
+    }
+    let question = msg.queries().first()?.clone();
+    let mut reply = Message::new();
+    reply
+        .set_id(msg.id())
+        .set_message_type(MessageType::Response)
+        .set_recursion_desired(msg.recursion_desired())
+        .set_recursion_available(true)
+        .set_authoritative(true);
+    reply.add_query(question.clone());
+    let limit = match msg.extensions() {
+        Some(edns) => {
+            let mut opt = Edns::new();
+            opt.set_max_payload(1232)
+                .set_dnssec_ok(edns.flags().dnssec_ok);
+            reply.set_edns(opt);
+            usize::from(edns.max_payload().max(512))
+        }
+        None => 512,
+    };
+    let label = question.name().iter().next().unwrap_or_default();
+    let count = std::str::from_utf8(label).ok().and_then(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("many")?
+            .parse::<usize>()
+            .ok()
+    });
+    match count {
+        Some(n) if question.query_type() == RecordType::A => {
+            for ip in many_addresses(n) {
+                reply.add_answer(Record::from_rdata(
+                    question.name().clone(),
+                    30,
+                    RData::A(A(ip)),
+                ));
+            }
+        }
+        Some(_) => {
+            reply.add_name_server(coredns_soa(question.name()));
+        }
+        None => {
+            reply.set_response_code(ResponseCode::NXDomain);
+            reply.add_name_server(coredns_soa(question.name()));
+        }
+    }
+    let bytes = reply.to_vec().ok()?;
+    if !udp || bytes.len() <= limit {
+        return Some(bytes);
+    }
+    // miekg/dns Truncate: whole answer records while they fit, the OPT record kept, TC set.
+    let answers = reply.take_answers();
+    reply.take_name_servers();
+    reply.set_truncated(true);
+    for record in answers {
+        reply.add_answer(record);
+        if reply.to_vec().ok()?.len() > limit {
+            reply.answers_mut().pop();
+            break;
+        }
+    }
+    reply.to_vec().ok()
+}
+
+fn coredns_soa(zone: &Name) -> Record {
+    let soa = SOA::new(
+        Name::from_ascii("ns.test.").expect("literal"),
+        Name::from_ascii("host.test.").expect("literal"),
+        1,
+        3600,
+        600,
+        86400,
+        30,
+    );
+    Record::from_rdata(zone.base_name(), 30, RData::SOA(soa))
 }
