@@ -95,13 +95,13 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_shed_total",
         kind: "counter",
-        help: "UDP queries refused because too many were in flight.",
+        help: "Queries (UDP and TCP) refused because too many were in flight.",
         samples: Samples::PerListener(|s| s.shed.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_inflight_queries",
         kind: "gauge",
-        help: "UDP queries waiting for an upstream.",
+        help: "Queries (UDP and TCP) waiting for an upstream.",
         samples: Samples::PerListener(|s| s.inflight.load(Relaxed)),
     },
     Series {
