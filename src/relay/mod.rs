@@ -242,24 +242,9 @@ pub fn run(relay: Relay) {
                 }
                 token => {
                     let index = (token - FIRST_UPSTREAM) as usize;
-                    let Some(up) = shell.upstream_sockets.get(index) else {
-                        continue;
-                    };
-                    let (to, via) = (up.to, Via::Udp { socket: up.slot });
-                    match receive(&up.socket, &mut batch) {
-                        Ok(_) => {
-                            let now = Instant::now();
-                            for packet in batch.datagrams() {
-                                engine.handle_reply(now, via, to, packet);
-                            }
-                        }
-                        // A connected socket reports the upstream's ICMP errors here.
-                        Err(e) if is_unreachable(&e) => {
-                            engine.handle_unreachable(Instant::now(), to)
-                        }
-                        Err(_) => {}
+                    if shell.read_upstream(&mut engine, index, &mut batch) {
+                        shell.flush(&mut engine);
                     }
-                    shell.flush(&mut engine);
                 }
             }
         }
@@ -305,6 +290,27 @@ impl Shell {
         }
         self.upstream_sockets
             .connect(&wanted, &self.epoll, FIRST_UPSTREAM);
+    }
+
+    /// Hands the engine what upstream socket `index` has queued: replies, or the upstream's
+    /// ICMP error, which a connected socket reports as an error on the socket. False if there
+    /// is no such socket (closed since the event was queued).
+    fn read_upstream(&self, engine: &mut Engine, index: usize, batch: &mut RecvBatch) -> bool {
+        let Some(up) = self.upstream_sockets.get(index) else {
+            return false;
+        };
+        let (to, via) = (up.to, Via::Udp { socket: up.slot });
+        match receive(&up.socket, batch) {
+            Ok(_) => {
+                let now = Instant::now();
+                for packet in batch.datagrams() {
+                    engine.handle_reply(now, via, to, packet);
+                }
+            }
+            Err(e) if is_unreachable(&e) => engine.handle_unreachable(Instant::now(), to),
+            Err(_) => {}
+        }
+        true
     }
 
     fn deliver_letter(&mut self, engine: &mut Engine, letter: Letter) {
