@@ -40,7 +40,8 @@ FLAGS:
     --cluster-domain NAME       names under it on the node listener go to kube-dns [default: cluster.local]
     --upstream-timeout DUR      budget for one try at one upstream [default: 1s]
     --query-timeout DUR         budget for a whole query; SERVFAIL after it [default: 2500ms]
-    --max-inflight N            UDP queries in flight per listener; above it: REFUSED [default: 4096]
+    --max-inflight N            queries (UDP and TCP) in flight per relay thread; above it: REFUSED
+                                [default: 4096]
     --max-tcp-connections N     TCP client connections per listener [default: 256]
     --tcp-idle-timeout DUR      close a TCP client that sends no full query for this long [default: 10s]
     --cache-size N              answers kept in the cache; 0 turns the cache off [default: 20000]

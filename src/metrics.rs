@@ -3,6 +3,7 @@
 //! plain counters of [`crate::stats`], the upstream sets and the cache, at scrape time.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
@@ -13,7 +14,7 @@ use tokio::sync::Semaphore;
 
 use crate::cache::Cache;
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
-use crate::stats::{Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES};
+use crate::stats::{Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, UpstreamStats};
 use crate::upstream::UpstreamSets;
 
 const TRANSPORTS: [Transport; 2] = [Transport::Udp, Transport::Tcp];
@@ -36,209 +37,230 @@ fn render_histogram(h: &Histogram, out: &mut String, name: &str, labels: &str) {
     let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
 }
 
-/// The Prometheus text exposition (format 0.0.4).
-pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cache>>) -> String {
-    let mut out = String::with_capacity(16 * 1024);
-    let o = &mut out;
-    let header = |o: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    };
+/// What one scrape reads, besides the listeners' counters: each upstream's counters and the
+/// cache's size.
+struct Scrape<'a> {
+    counters: &'a Counters,
+    sets: &'a UpstreamSets,
+    upstreams: Vec<((UpstreamGroup, SocketAddr), Arc<UpstreamStats>)>,
+    cache_entries: usize,
+    cache_bytes: usize,
+}
 
-    header(
-        o,
-        "localdns_fallback_responses_total",
-        "counter",
-        "Replies sent to clients, by listener, transport and RCODE.",
-    );
-    for l in ListenerRole::BOTH {
-        for (t, transport) in TRANSPORTS.iter().map(|t| t.name()).enumerate() {
-            for (c, rcode) in RCODES.iter().enumerate() {
-                let n = counters.listener(l).responses[t][c].load(Relaxed);
+/// How the samples of a series are read.
+enum Samples {
+    /// One sample per listener, labelled `listener`.
+    PerListener(fn(&ListenerStats) -> u64),
+    /// One sample per upstream, labelled `group` and `upstream`.
+    PerUpstream(fn(&UpstreamStats) -> u64),
+    /// Writes its own sample lines for the series it is given the name of.
+    Own(fn(&Scrape, &str, &mut String)),
+}
+
+/// One series: its name, type, help text and samples.
+struct Series {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: Samples,
+}
+
+/// Every series, in the order of the exposition.
+const SERIES: &[Series] = &[
+    Series {
+        name: "localdns_fallback_responses_total",
+        kind: "counter",
+        help: "Replies sent to clients, by listener, transport and RCODE.",
+        samples: Samples::Own(|s, name, o| {
+            for l in ListenerRole::BOTH {
+                for (t, transport) in TRANSPORTS.iter().map(|t| t.name()).enumerate() {
+                    for (c, rcode) in RCODES.iter().enumerate() {
+                        let n = s.counters.listener(l).responses[t][c].load(Relaxed);
+                        let _ = writeln!(
+                            o,
+                            "{name}{{listener=\"{}\",transport=\"{transport}\",rcode=\"{rcode}\"}} {n}",
+                            l.name()
+                        );
+                    }
+                }
+            }
+        }),
+    },
+    Series {
+        name: "localdns_fallback_dropped_total",
+        kind: "counter",
+        help: "Client packets dropped unanswered (too short, or response-shaped).",
+        samples: Samples::PerListener(|s| s.dropped.load(Relaxed)),
+    },
+    Series {
+        name: "localdns_fallback_shed_total",
+        kind: "counter",
+        help: "Queries (UDP and TCP) refused because too many were in flight.",
+        samples: Samples::PerListener(|s| s.shed.load(Relaxed)),
+    },
+    Series {
+        name: "localdns_fallback_inflight_queries",
+        kind: "gauge",
+        help: "Queries (UDP and TCP) waiting for an upstream.",
+        samples: Samples::PerListener(|s| s.inflight.load(Relaxed)),
+    },
+    Series {
+        name: "localdns_fallback_cache_hits_total",
+        kind: "counter",
+        help: "Queries answered fresh from the cache.",
+        samples: Samples::PerListener(|s| s.cache_hits.load(Relaxed)),
+    },
+    Series {
+        name: "localdns_fallback_cache_misses_total",
+        kind: "counter",
+        help: "Queries the cache could not answer.",
+        samples: Samples::PerListener(|s| s.cache_misses.load(Relaxed)),
+    },
+    Series {
+        name: "localdns_fallback_stale_answers_total",
+        kind: "counter",
+        help: "Answers served from expired cache entries because upstreams failed.",
+        samples: Samples::PerListener(|s| s.stale.load(Relaxed)),
+    },
+    Series {
+        name: "localdns_fallback_cache_entries",
+        kind: "gauge",
+        help: "Answers in the cache.",
+        samples: Samples::Own(|s, name, o| {
+            let _ = writeln!(o, "{name} {}", s.cache_entries);
+        }),
+    },
+    Series {
+        name: "localdns_fallback_cache_bytes",
+        kind: "gauge",
+        help: "Memory the cache accounts for.",
+        samples: Samples::Own(|s, name, o| {
+            let _ = writeln!(o, "{name} {}", s.cache_bytes);
+        }),
+    },
+    Series {
+        name: "localdns_fallback_upstream_queries_total",
+        kind: "counter",
+        help: "Queries sent to each upstream (every try counts).",
+        samples: Samples::PerUpstream(|s| s.queries.load(Relaxed)),
+    },
+    Series {
+        name: "localdns_fallback_upstream_failures_total",
+        kind: "counter",
+        help: "Tries at each upstream that timed out, could not be sent, were refused by the network or got an error reply (SERVFAIL, REFUSED, NOTIMP).",
+        samples: Samples::PerUpstream(|s| s.failures.load(Relaxed)),
+    },
+    Series {
+        name: "localdns_fallback_upstream_duration_seconds",
+        kind: "histogram",
+        help: "Time from sending a try to its accepted reply, per upstream.",
+        samples: Samples::Own(|s, name, o| {
+            for (k, u) in &s.upstreams {
+                render_histogram(&u.latency, o, name, &upstream_labels(k));
+            }
+        }),
+    },
+    Series {
+        name: "localdns_fallback_upstreams",
+        kind: "gauge",
+        help: "Upstreams in use per group, labelled with where they were found.",
+        samples: Samples::Own(|s, name, o| {
+            for g in UpstreamGroup::BOTH {
+                let n = s.sets.get(g).addrs().len();
                 let _ = writeln!(
                     o,
-                    "localdns_fallback_responses_total{{listener=\"{}\",transport=\"{transport}\",rcode=\"{rcode}\"}} {n}",
-                    l.name()
+                    "{name}{{group=\"{}\",source=\"{}\"}} {n}",
+                    g.name(),
+                    escape(&s.counters.source(g))
                 );
             }
-        }
-    }
-    let per_listener = |o: &mut String,
-                        name: &str,
-                        kind: &str,
-                        help: &str,
-                        get: &dyn Fn(&ListenerStats) -> u64| {
-        header(o, name, kind, help);
-        for l in ListenerRole::BOTH {
-            let _ = writeln!(
-                o,
-                "{name}{{listener=\"{}\"}} {}",
-                l.name(),
-                get(counters.listener(l))
-            );
-        }
-    };
-    per_listener(
-        o,
-        "localdns_fallback_dropped_total",
-        "counter",
-        "Client packets dropped unanswered (too short, or response-shaped).",
-        &|s| s.dropped.load(Relaxed),
-    );
-    per_listener(
-        o,
-        "localdns_fallback_shed_total",
-        "counter",
-        "UDP queries refused because too many were in flight.",
-        &|s| s.shed.load(Relaxed),
-    );
-    per_listener(
-        o,
-        "localdns_fallback_inflight_queries",
-        "gauge",
-        "UDP queries waiting for an upstream.",
-        &|s| s.inflight.load(Relaxed),
-    );
-    per_listener(
-        o,
-        "localdns_fallback_cache_hits_total",
-        "counter",
-        "Queries answered fresh from the cache.",
-        &|s| s.cache_hits.load(Relaxed),
-    );
-    per_listener(
-        o,
-        "localdns_fallback_cache_misses_total",
-        "counter",
-        "Queries the cache could not answer.",
-        &|s| s.cache_misses.load(Relaxed),
-    );
-    per_listener(
-        o,
-        "localdns_fallback_stale_answers_total",
-        "counter",
-        "Answers served from expired cache entries because upstreams failed.",
-        &|s| s.stale.load(Relaxed),
-    );
+        }),
+    },
+    Series {
+        name: "localdns_fallback_upstream_set_changes_total",
+        kind: "counter",
+        help: "Times a group's set of upstreams changed.",
+        samples: Samples::Own(|s, name, o| {
+            for g in UpstreamGroup::BOTH {
+                let _ = writeln!(
+                    o,
+                    "{name}{{group=\"{}\"}} {}",
+                    g.name(),
+                    s.counters.set_changes(g)
+                );
+            }
+        }),
+    },
+    Series {
+        name: "localdns_fallback_build_info",
+        kind: "gauge",
+        help: "Always 1; the version is in the label.",
+        samples: Samples::Own(|_, name, o| {
+            let _ = writeln!(o, "{name}{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        }),
+    },
+    Series {
+        name: "process_start_time_seconds",
+        kind: "gauge",
+        help: "Start time of the process since the Unix epoch.",
+        samples: Samples::Own(|s, name, o| {
+            let started = s
+                .counters
+                .started
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64();
+            let _ = writeln!(o, "{name} {started}");
+        }),
+    },
+];
 
-    let (entries, bytes) = cache.map_or((0, 0), |c| {
+fn upstream_labels((g, addr): &(UpstreamGroup, SocketAddr)) -> String {
+    format!("group=\"{}\",upstream=\"{addr}\"", g.name())
+}
+
+/// The Prometheus text exposition (format 0.0.4).
+pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cache>>) -> String {
+    let (cache_entries, cache_bytes) = cache.map_or((0, 0), |c| {
         let c = c.lock().unwrap_or_else(|p| p.into_inner());
         (c.len(), c.bytes())
     });
-    header(
-        o,
-        "localdns_fallback_cache_entries",
-        "gauge",
-        "Answers in the cache.",
-    );
-    let _ = writeln!(o, "localdns_fallback_cache_entries {entries}");
-    header(
-        o,
-        "localdns_fallback_cache_bytes",
-        "gauge",
-        "Memory the cache accounts for.",
-    );
-    let _ = writeln!(o, "localdns_fallback_cache_bytes {bytes}");
-
-    let upstreams = counters.upstreams();
-    let label = |(g, addr): &(UpstreamGroup, std::net::SocketAddr)| {
-        format!("group=\"{}\",upstream=\"{addr}\"", g.name())
+    let scrape = Scrape {
+        counters,
+        sets,
+        upstreams: counters.upstreams(),
+        cache_entries,
+        cache_bytes,
     };
-    header(
-        o,
-        "localdns_fallback_upstream_queries_total",
-        "counter",
-        "Queries sent to each upstream (every try counts).",
-    );
-    for (k, s) in &upstreams {
-        let _ = writeln!(
-            o,
-            "localdns_fallback_upstream_queries_total{{{}}} {}",
-            label(k),
-            s.queries.load(Relaxed)
-        );
+    let mut out = String::with_capacity(16 * 1024);
+    let o = &mut out;
+    for Series {
+        name,
+        kind,
+        help,
+        samples,
+    } in SERIES
+    {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        match samples {
+            Samples::PerListener(get) => {
+                for l in ListenerRole::BOTH {
+                    let _ = writeln!(
+                        o,
+                        "{name}{{listener=\"{}\"}} {}",
+                        l.name(),
+                        get(counters.listener(l))
+                    );
+                }
+            }
+            Samples::PerUpstream(get) => {
+                for (k, u) in &scrape.upstreams {
+                    let _ = writeln!(o, "{name}{{{}}} {}", upstream_labels(k), get(u));
+                }
+            }
+            Samples::Own(write) => write(&scrape, name, o),
+        }
     }
-    header(
-        o,
-        "localdns_fallback_upstream_failures_total",
-        "counter",
-        "Tries at each upstream that timed out, could not be sent, were refused by the network or got an error reply (SERVFAIL, REFUSED, NOTIMP).",
-    );
-    for (k, s) in &upstreams {
-        let _ = writeln!(
-            o,
-            "localdns_fallback_upstream_failures_total{{{}}} {}",
-            label(k),
-            s.failures.load(Relaxed)
-        );
-    }
-    header(
-        o,
-        "localdns_fallback_upstream_duration_seconds",
-        "histogram",
-        "Time from sending a try to its accepted reply, per upstream.",
-    );
-    for (k, s) in &upstreams {
-        render_histogram(
-            &s.latency,
-            o,
-            "localdns_fallback_upstream_duration_seconds",
-            &label(k),
-        );
-    }
-
-    header(
-        o,
-        "localdns_fallback_upstreams",
-        "gauge",
-        "Upstreams in use per group, labelled with where they were found.",
-    );
-    for g in UpstreamGroup::BOTH {
-        let n = sets.get(g).addrs().len();
-        let _ = writeln!(
-            o,
-            "localdns_fallback_upstreams{{group=\"{}\",source=\"{}\"}} {n}",
-            g.name(),
-            escape(&counters.source(g))
-        );
-    }
-    header(
-        o,
-        "localdns_fallback_upstream_set_changes_total",
-        "counter",
-        "Times a group's set of upstreams changed.",
-    );
-    for g in UpstreamGroup::BOTH {
-        let _ = writeln!(
-            o,
-            "localdns_fallback_upstream_set_changes_total{{group=\"{}\"}} {}",
-            g.name(),
-            counters.set_changes(g)
-        );
-    }
-
-    header(
-        o,
-        "localdns_fallback_build_info",
-        "gauge",
-        "Always 1; the version is in the label.",
-    );
-    let _ = writeln!(
-        o,
-        "localdns_fallback_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
-    header(
-        o,
-        "process_start_time_seconds",
-        "gauge",
-        "Start time of the process since the Unix epoch.",
-    );
-    let started = counters
-        .started
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
-    let _ = writeln!(o, "process_start_time_seconds {started}");
     out
 }
 

@@ -62,16 +62,52 @@ const LISTENER_TAG: usize = usize::MAX;
 /// wakes at once (LocalDNS is waiting for the port). Once written it stays readable.
 pub struct Stop {
     wake: EventFd,
+    /// Whether new flows already go to LocalDNS (see `handoff`); set before `wake` is written.
+    handed_over: AtomicBool,
 }
 
 impl Stop {
     pub fn new() -> io::Result<Arc<Stop>> {
         let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        Ok(Arc::new(Stop { wake }))
+        Ok(Arc::new(Stop {
+            wake,
+            handed_over: AtomicBool::new(false),
+        }))
     }
 
-    pub fn stop(&self) {
+    /// Stops the relay threads. `handed_over`: new flows already go to LocalDNS, so the threads
+    /// keep the listener open and answer what still reaches it until the drain says done.
+    pub fn stop(&self, handed_over: bool) {
+        self.handed_over.store(handed_over, Ordering::Relaxed);
         let _ = self.wake.write(1);
+    }
+
+    fn handed_over(&self) -> bool {
+        self.handed_over.load(Ordering::Relaxed)
+    }
+}
+
+/// Where a relay thread is in its life. The stop moves it out of `Serving`, once; the thread
+/// returns when the phase it moved to says it is over.
+enum Phase {
+    Serving,
+    /// New flows go to LocalDNS. The listener stays open: what still reaches it or is in flight
+    /// is answered until the drain says done.
+    HandedOver(Drain),
+    /// The listener is closed. Answers can still reach TCP clients, until `until` at the latest.
+    Closing {
+        until: Instant,
+    },
+}
+
+impl Phase {
+    /// Whether the thread is done, with `inflight` queries in flight at `now`.
+    fn over(&self, now: Instant, inflight: usize, tcp_clients: bool) -> bool {
+        match self {
+            Phase::Serving => false,
+            Phase::HandedOver(drain) => drain.done(now, inflight),
+            Phase::Closing { until } => inflight == 0 || !tcp_clients || now >= *until,
+        }
     }
 }
 
@@ -87,12 +123,9 @@ pub struct Relay {
     pub stats: Arc<ListenerStats>,
     pub stop: Arc<Stop>,
     pub heartbeat: (Arc<Heartbeats>, usize),
-    /// After the stop, how long queries already taken may still be answered (TCP clients).
+    /// After a stop without hand-over, how long queries already taken may still be answered
+    /// (TCP clients).
     pub drain: Duration,
-    /// Set before the stop when new flows already go to LocalDNS (see `handoff`): the listener
-    /// then stays open after the stop, and what still reaches it or is in flight is answered
-    /// until the drain says done.
-    pub handed_over: Arc<AtomicBool>,
 }
 
 /// The state of a running relay thread besides the engine.
@@ -127,7 +160,6 @@ pub fn run(relay: Relay) {
         stop,
         heartbeat: (heartbeats, beat),
         drain,
-        handed_over,
     } = relay;
     let role = engine.role();
     let epoll = match register(&listener, &mailbox, &stop) {
@@ -155,8 +187,7 @@ pub fn run(relay: Relay) {
     shell.connect_upstreams(&engine);
     let mut events = vec![EpollEvent::empty(); 256];
     let mut wait = PollTimeout::ZERO;
-    let mut stopping: Option<Instant> = None;
-    let mut udp_drain: Option<Drain> = None;
+    let mut phase = Phase::Serving;
     // This thread's share of the listener's in-flight gauge.
     let mut reported_inflight = 0;
     loop {
@@ -178,11 +209,13 @@ pub fn run(relay: Relay) {
             match event.data() {
                 STOP_TOKEN => {
                     let _ = shell.epoll.delete(&stop.wake);
-                    if handed_over.load(Ordering::Relaxed) {
-                        udp_drain = Some(Drain::new(Instant::now()));
+                    if stop.handed_over() {
+                        phase = Phase::HandedOver(Drain::new(Instant::now()));
                     } else if let Some(l) = shell.listener.take() {
                         let _ = shell.epoll.delete(&l);
-                        stopping = Some(Instant::now() + drain);
+                        phase = Phase::Closing {
+                            until: Instant::now() + drain,
+                        };
                     }
                 }
                 LISTENER_TOKEN => {
@@ -194,7 +227,7 @@ pub fn run(relay: Relay) {
                                 engine.handle_query(now, Client::Udp(from), packet);
                             }
                         }
-                        if let (true, Some(d)) = (read > 0, udp_drain.as_mut()) {
+                        if let (true, Phase::HandedOver(d)) = (read > 0, &mut phase) {
                             d.activity(now);
                         }
                     }
@@ -209,24 +242,9 @@ pub fn run(relay: Relay) {
                 }
                 token => {
                     let index = (token - FIRST_UPSTREAM) as usize;
-                    let Some(up) = shell.upstream_sockets.get(index) else {
-                        continue;
-                    };
-                    let (to, via) = (up.to, Via::Udp { socket: up.slot });
-                    match receive(&up.socket, &mut batch) {
-                        Ok(_) => {
-                            let now = Instant::now();
-                            for packet in batch.datagrams() {
-                                engine.handle_reply(now, via, to, packet);
-                            }
-                        }
-                        // A connected socket reports the upstream's ICMP errors here.
-                        Err(e) if is_unreachable(&e) => {
-                            engine.handle_unreachable(Instant::now(), to)
-                        }
-                        Err(_) => {}
+                    if shell.read_upstream(&mut engine, index, &mut batch) {
+                        shell.flush(&mut engine);
                     }
-                    shell.flush(&mut engine);
                 }
             }
         }
@@ -240,18 +258,9 @@ pub fn run(relay: Relay) {
                 .add_inflight(inflight as i64 - reported_inflight as i64);
             reported_inflight = inflight;
         }
-        if let Some(d) = &udp_drain {
-            // Handed over: the listener is still open, so every answer can still be sent.
-            if d.done(now, inflight) {
-                shell.stats.add_inflight(-(reported_inflight as i64));
-                return;
-            }
-        } else if let Some(until) = stopping {
-            // Answers can still reach TCP clients; UDP ones cannot (the socket is closed).
-            if inflight == 0 || shell.clients.is_empty() || now >= until {
-                shell.stats.add_inflight(-(reported_inflight as i64));
-                return;
-            }
+        if phase.over(now, inflight, !shell.clients.is_empty()) {
+            shell.stats.add_inflight(-(reported_inflight as i64));
+            return;
         }
         // Sleep until the next deadline, waking at least twice a second so the heartbeat shows
         // this loop alive. Also right after work: epoll is level-triggered, so a socket that
@@ -261,7 +270,7 @@ pub fn run(relay: Relay) {
             let mut until = engine.poll_timeout().map_or(HEARTBEAT_IDLE, |t| {
                 t.saturating_duration_since(now).min(HEARTBEAT_IDLE)
             });
-            if let Some(d) = &udp_drain {
+            if let Phase::HandedOver(d) = &phase {
                 until = until.min(d.next_look(now));
             }
             // Round up: waking a millisecond early would only spin until the deadline.
@@ -281,6 +290,27 @@ impl Shell {
         }
         self.upstream_sockets
             .connect(&wanted, &self.epoll, FIRST_UPSTREAM);
+    }
+
+    /// Hands the engine what upstream socket `index` has queued: replies, or the upstream's
+    /// ICMP error, which a connected socket reports as an error on the socket. False if there
+    /// is no such socket (closed since the event was queued).
+    fn read_upstream(&self, engine: &mut Engine, index: usize, batch: &mut RecvBatch) -> bool {
+        let Some(up) = self.upstream_sockets.get(index) else {
+            return false;
+        };
+        let (to, via) = (up.to, Via::Udp { socket: up.slot });
+        match receive(&up.socket, batch) {
+            Ok(_) => {
+                let now = Instant::now();
+                for packet in batch.datagrams() {
+                    engine.handle_reply(now, via, to, packet);
+                }
+            }
+            Err(e) if is_unreachable(&e) => engine.handle_unreachable(Instant::now(), to),
+            Err(_) => {}
+        }
+        true
     }
 
     fn deliver_letter(&mut self, engine: &mut Engine, letter: Letter) {

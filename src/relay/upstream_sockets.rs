@@ -3,11 +3,13 @@
 //! each watched by the thread's epoll. Connected, so the route is looked up once and the
 //! upstream's ICMP errors come back on the socket.
 
+use std::io;
 use std::net::{SocketAddr, UdpSocket};
 
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
+use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::listen;
+use crate::listen::{RECV_BUFFER, SEND_BUFFER};
 
 /// A UDP socket connected to one upstream.
 pub(super) struct UpstreamSocket {
@@ -57,7 +59,7 @@ impl UpstreamSockets {
             }
             let mut slots = Vec::new();
             for slot in 0..self.per_upstream {
-                let socket = match listen::connected_upstream_socket(addr) {
+                let socket = match connected_upstream_socket(addr) {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(upstream = %addr, error = %e, "cannot open a UDP socket to this upstream");
@@ -108,4 +110,23 @@ impl UpstreamSockets {
             .find(|(addr, _)| *addr == to)
             .map(|(_, slots)| slots.as_slice())
     }
+}
+
+/// A UDP socket connected to one upstream, on a port picked at random by the kernel. Connected,
+/// the kernel routes each send without a lookup, drops datagrams from anyone else before we see
+/// them, and reports the upstream's ICMP errors (port unreachable) as errors on the socket.
+fn connected_upstream_socket(to: SocketAddr) -> io::Result<UdpSocket> {
+    let any: SocketAddr = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
+        .parse()
+        .expect("literal");
+    let socket = Socket::new(Domain::for_address(to), Type::DGRAM, Some(Protocol::UDP))?;
+    if to.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+    let _ = socket.set_send_buffer_size(SEND_BUFFER);
+    socket.bind(&any.into())?;
+    socket.connect(&to.into())?;
+    Ok(socket.into())
 }

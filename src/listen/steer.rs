@@ -1,48 +1,12 @@
-//! Binding the listeners and the upstream sockets, and steering flows within a port's
-//! SO_REUSEPORT group.
-//!
-//! LocalDNS's CoreDNS binds its listeners with SO_REUSEPORT, so ours do too: a socket from the
-//! same user with SO_REUSEPORT joins the kernel's group for that address and port, LocalDNS can
-//! bind while we still serve, and we can leave once it is ready. A group spreads flows over every
-//! member, though, and a member may not answer: an orphaned CoreDNS, or a LocalDNS that is bound
-//! but not yet serving. So while the fallback is in charge a classic BPF program on the group
-//! (SO_ATTACH_REUSEPORT_CBPF) returns the index of our own socket; when we hand over it returns
-//! any other member's, and before we close it is detached (SO_DETACH_REUSEPORT_BPF) so LocalDNS's
-//! own sockets share as they did before. The kernel numbers members in the order they joined and,
-//! when one leaves, moves the last member into its slot; our index is the number of members that
-//! were there before us (read from /proc/net at bind time), and [`Slot`] follows it as members
-//! come and go. Port 0 (tests) is never shared.
+//! Steering flows within a port's SO_REUSEPORT group: a classic BPF program on the group picks
+//! our socket while we serve, any other member once we hand over, and is detached before we
+//! close. Our index in the group is followed by inode through /proc/net as members come and go.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, Type};
-
-/// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
-/// the worker is busy waits in the kernel instead of being dropped, and a burst of answers (a
-/// thousand clients waiting on one coalesced query) fits in the send queue. The kernel may grant
-/// less (net.core.rmem_max, wmem_max); what it granted is logged.
-const RECV_BUFFER: usize = 4 << 20;
-const SEND_BUFFER: usize = 4 << 20;
-/// Pending TCP connections the kernel queues for us.
-const TCP_BACKLOG: i32 = 1024;
-/// Pause between bind attempts while the address is busy.
-const BIND_RETRY: Duration = Duration::from_millis(100);
-
-/// Both sockets of one listener.
-pub struct Bound {
-    /// The address bound: the one asked for, with the port the kernel chose if it was 0.
-    pub addr: SocketAddr,
-    /// Non-blocking; served by a thread of its own, not by the async runtime (see `forward`).
-    pub udp: std::net::UdpSocket,
-    /// Non-blocking; registered with the serving runtime by `serve` (it is bound before that
-    /// runtime exists).
-    pub tcp: std::net::TcpListener,
-    /// Where our sockets sit in their SO_REUSEPORT groups; flows are steered to them from bind on.
-    pub steering: Steering,
-}
+use super::bind::Bound;
 
 /// Our place in the SO_REUSEPORT groups of one listener address (UDP and TCP have a group each).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,7 +132,6 @@ impl Held {
         }
     }
 }
-
 /// Where one of our sockets sits in its SO_REUSEPORT group. The kernel numbers members in the
 /// order they joined and, when one leaves, moves the last member into the freed index; following
 /// the members by inode tells where that puts us.
@@ -246,171 +209,6 @@ pub enum Proto {
     Udp,
     Tcp,
 }
-
-/// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
-/// orphaned CoreDNS can hold it for a moment after a crash.
-pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound, String> {
-    let started = Instant::now();
-    loop {
-        match bind_pair(addr) {
-            Ok((udp, tcp, bound, steering)) => {
-                let udp = udp.into();
-                let tcp: std::net::TcpListener = tcp.into();
-                tcp.set_nonblocking(true)
-                    .map_err(|e| format!("cannot make TCP socket {addr} non-blocking: {e}"))?;
-                if steering.udp_slot() != Some(0) || steering.tcp_slot() != Some(0) {
-                    // A LocalDNS that is starting (or an orphaned CoreDNS).
-                    tracing::info!(
-                        %addr,
-                        udp_slot = ?steering.udp_slot(),
-                        tcp_slot = ?steering.tcp_slot(),
-                        "sharing the port with sockets bound before ours; they get no flows while we serve"
-                    );
-                }
-                return Ok(Bound {
-                    addr: bound,
-                    udp,
-                    tcp,
-                    steering,
-                });
-            }
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse && started.elapsed() < patience => {
-                tracing::debug!(%addr, "listener address busy, retrying");
-                tokio::time::sleep(BIND_RETRY).await;
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot bind {addr} (UDP and TCP) after {:.1}s: {e}",
-                    started.elapsed().as_secs_f64()
-                ));
-            }
-        }
-    }
-}
-
-/// Binds UDP, then TCP on the same port. Port 0 (tests) means the port the kernel gives the UDP
-/// socket; should TCP find that port taken, another pair is tried.
-fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
-    for _ in 0..16 {
-        match bind_pair_once(addr) {
-            Err(e) if addr.port() == 0 && e.kind() == io::ErrorKind::AddrInUse => continue,
-            other => return other,
-        }
-    }
-    bind_pair_once(addr)
-}
-
-fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
-    // Members already in each group come first; we join at the end. (A process binding at the
-    // same instant could take our index; LocalDNS does not start while we start.)
-    // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
-    // ours already holds with SO_REUSEPORT, and the two would share it.
-    let share = addr.port() != 0;
-    let udp_before = group_members(addr, Proto::Udp)?;
-    let udp = new_socket(addr, Type::DGRAM, Protocol::UDP, share)?;
-    udp.bind(&addr.into())?;
-    let addr = udp
-        .local_addr()?
-        .as_socket()
-        .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
-    let udp_slot = Slot::joined(inode(udp.as_fd())?, &udp_before);
-    if share {
-        steer_or_warn(udp.as_fd(), udp_before.len() as u32, addr);
-    }
-    let tcp_before = group_members(addr, Proto::Tcp)?;
-    let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
-    // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
-    tcp.set_reuse_address(true)?;
-    tcp.bind(&addr.into())?;
-    // A TCP socket joins its group when it starts listening; the program goes on after that.
-    tcp.listen(TCP_BACKLOG)?;
-    let tcp_slot = Slot::joined(inode(tcp.as_fd())?, &tcp_before);
-    if share {
-        steer_or_warn(tcp.as_fd(), tcp_before.len() as u32, addr);
-    }
-    Ok((
-        udp,
-        tcp,
-        addr,
-        Steering {
-            addr,
-            udp: udp_slot,
-            tcp: tcp_slot,
-        },
-    ))
-}
-
-/// A socket's inode, the number /proc/net lists it by.
-fn inode(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    Ok(nix::sys::stat::fstat(fd).map_err(io::Error::from)?.st_ino)
-}
-
-fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol, share: bool) -> io::Result<Socket> {
-    let socket = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
-    // The listener addresses may not be on the interface yet (the link is being recreated); with
-    // IP_FREEBIND the bind does not depend on the order in which addresses appear.
-    if addr.is_ipv4() {
-        socket.set_freebind_v4(true)?;
-    } else {
-        socket.set_only_v6(true)?;
-        socket.set_freebind_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    // Share the port with LocalDNS's CoreDNS (same user, SO_REUSEPORT): see the module docs.
-    socket.set_reuse_port(share)?;
-    if ty == Type::DGRAM {
-        let _ = socket.set_recv_buffer_size(RECV_BUFFER);
-        let _ = socket.set_send_buffer_size(SEND_BUFFER);
-    }
-    Ok(socket)
-}
-
-/// A UDP socket for talking to upstreams: wildcard address, a port picked at random by the kernel.
-pub fn upstream_socket(ipv6: bool) -> io::Result<std::net::UdpSocket> {
-    let any: SocketAddr = if ipv6 { "[::]:0" } else { "0.0.0.0:0" }
-        .parse()
-        .expect("literal");
-    let socket = Socket::new(Domain::for_address(any), Type::DGRAM, Some(Protocol::UDP))?;
-    if ipv6 {
-        socket.set_only_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    let _ = socket.set_recv_buffer_size(RECV_BUFFER);
-    let _ = socket.set_send_buffer_size(SEND_BUFFER);
-    socket.bind(&any.into())?;
-    Ok(socket.into())
-}
-
-/// The receive and send buffers the kernel actually granted, for the start-up log.
-pub fn buffers(socket: &std::net::UdpSocket) -> (usize, usize) {
-    let s = socket2::SockRef::from(socket);
-    (
-        s.recv_buffer_size().unwrap_or(0),
-        s.send_buffer_size().unwrap_or(0),
-    )
-}
-
-/// A UDP socket connected to one upstream, on a port picked at random by the kernel. Connected,
-/// the kernel routes each send without a lookup, drops datagrams from anyone else before we see
-/// them, and reports the upstream's ICMP errors (port unreachable) as errors on the socket.
-pub fn connected_upstream_socket(to: SocketAddr) -> io::Result<std::net::UdpSocket> {
-    let any: SocketAddr = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
-        .parse()
-        .expect("literal");
-    let socket = Socket::new(Domain::for_address(to), Type::DGRAM, Some(Protocol::UDP))?;
-    if to.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    let _ = socket.set_recv_buffer_size(RECV_BUFFER);
-    let _ = socket.set_send_buffer_size(SEND_BUFFER);
-    socket.bind(&any.into())?;
-    socket.connect(&to.into())?;
-    Ok(socket.into())
-}
-
-// ---- steering within a SO_REUSEPORT group ------------------------------------------------------
-
 /// Classic BPF opcodes (linux/filter.h) and the ancillary offset of a random number.
 const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_ALU_MOD_K: u16 = 0x94;
@@ -472,7 +270,7 @@ fn attach(fd: BorrowedFd<'_>, program: &[nix::libc::sock_filter]) -> io::Result<
 }
 
 /// Steering is worth having, not worth failing for: without it we still serve, sharing flows.
-fn steer_or_warn(fd: BorrowedFd<'_>, slot: u32, addr: SocketAddr) {
+pub(super) fn steer_or_warn(fd: BorrowedFd<'_>, slot: u32, addr: SocketAddr) {
     if let Err(e) = steer_to(fd, slot) {
         tracing::warn!(%addr, error = %e, "cannot steer flows to our socket; sharing them with any other member");
     }
@@ -585,7 +383,6 @@ fn proc_address(addr: SocketAddr) -> String {
     out.push_str(&format!(":{:04X}", addr.port()));
     out
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,161 @@
+//! Binding a listener: UDP and TCP on one address and port, IP_FREEBIND, SO_REUSEPORT shared
+//! with LocalDNS, and a bounded retry while the port is busy. Our place in each port's group is
+//! read at bind time, and flows are steered to our sockets from then on (see `steer`).
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::steer::{Proto, Slot, Steering, group_members, steer_or_warn};
+
+/// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
+/// the worker is busy waits in the kernel instead of being dropped, and a burst of answers (a
+/// thousand clients waiting on one coalesced query) fits in the send queue. The kernel may grant
+/// less (net.core.rmem_max, wmem_max); what it granted is logged.
+pub const RECV_BUFFER: usize = 4 << 20;
+pub const SEND_BUFFER: usize = 4 << 20;
+/// Pending TCP connections the kernel queues for us.
+const TCP_BACKLOG: i32 = 1024;
+/// Pause between bind attempts while the address is busy.
+const BIND_RETRY: Duration = Duration::from_millis(100);
+
+/// Both sockets of one listener.
+pub struct Bound {
+    /// The address bound: the one asked for, with the port the kernel chose if it was 0.
+    pub addr: SocketAddr,
+    /// Non-blocking; served by a thread of its own, not by the async runtime (see `relay`).
+    pub udp: std::net::UdpSocket,
+    /// Non-blocking; registered with the serving runtime by `serve` (it is bound before that
+    /// runtime exists).
+    pub tcp: std::net::TcpListener,
+    /// Where our sockets sit in their SO_REUSEPORT groups; flows are steered to them from bind on.
+    pub steering: Steering,
+}
+/// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
+/// orphaned CoreDNS can hold it for a moment after a crash.
+pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound, String> {
+    let started = Instant::now();
+    loop {
+        match bind_pair(addr) {
+            Ok((udp, tcp, bound, steering)) => {
+                let udp = udp.into();
+                let tcp: std::net::TcpListener = tcp.into();
+                tcp.set_nonblocking(true)
+                    .map_err(|e| format!("cannot make TCP socket {addr} non-blocking: {e}"))?;
+                if steering.udp_slot() != Some(0) || steering.tcp_slot() != Some(0) {
+                    // A LocalDNS that is starting (or an orphaned CoreDNS).
+                    tracing::info!(
+                        %addr,
+                        udp_slot = ?steering.udp_slot(),
+                        tcp_slot = ?steering.tcp_slot(),
+                        "sharing the port with sockets bound before ours; they get no flows while we serve"
+                    );
+                }
+                return Ok(Bound {
+                    addr: bound,
+                    udp,
+                    tcp,
+                    steering,
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && started.elapsed() < patience => {
+                tracing::debug!(%addr, "listener address busy, retrying");
+                tokio::time::sleep(BIND_RETRY).await;
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot bind {addr} (UDP and TCP) after {:.1}s: {e}",
+                    started.elapsed().as_secs_f64()
+                ));
+            }
+        }
+    }
+}
+
+/// Binds UDP, then TCP on the same port. Port 0 (tests) means the port the kernel gives the UDP
+/// socket; should TCP find that port taken, another pair is tried.
+fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
+    for _ in 0..16 {
+        match bind_pair_once(addr) {
+            Err(e) if addr.port() == 0 && e.kind() == io::ErrorKind::AddrInUse => continue,
+            other => return other,
+        }
+    }
+    bind_pair_once(addr)
+}
+
+fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
+    // Members already in each group come first; we join at the end. (A process binding at the
+    // same instant could take our index; LocalDNS does not start while we start.)
+    // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
+    // ours already holds with SO_REUSEPORT, and the two would share it.
+    let share = addr.port() != 0;
+    let udp_before = group_members(addr, Proto::Udp)?;
+    let udp = new_socket(addr, Type::DGRAM, Protocol::UDP, share)?;
+    udp.bind(&addr.into())?;
+    let addr = udp
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
+    let udp_slot = Slot::joined(inode(udp.as_fd())?, &udp_before);
+    if share {
+        steer_or_warn(udp.as_fd(), udp_before.len() as u32, addr);
+    }
+    let tcp_before = group_members(addr, Proto::Tcp)?;
+    let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
+    // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
+    tcp.set_reuse_address(true)?;
+    tcp.bind(&addr.into())?;
+    // A TCP socket joins its group when it starts listening; the program goes on after that.
+    tcp.listen(TCP_BACKLOG)?;
+    let tcp_slot = Slot::joined(inode(tcp.as_fd())?, &tcp_before);
+    if share {
+        steer_or_warn(tcp.as_fd(), tcp_before.len() as u32, addr);
+    }
+    Ok((
+        udp,
+        tcp,
+        addr,
+        Steering {
+            addr,
+            udp: udp_slot,
+            tcp: tcp_slot,
+        },
+    ))
+}
+
+/// A socket's inode, the number /proc/net lists it by.
+fn inode(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(nix::sys::stat::fstat(fd).map_err(io::Error::from)?.st_ino)
+}
+
+fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol, share: bool) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
+    // The listener addresses may not be on the interface yet (the link is being recreated); with
+    // IP_FREEBIND the bind does not depend on the order in which addresses appear.
+    if addr.is_ipv4() {
+        socket.set_freebind_v4(true)?;
+    } else {
+        socket.set_only_v6(true)?;
+        socket.set_freebind_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    // Share the port with LocalDNS's CoreDNS (same user, SO_REUSEPORT): see the module docs.
+    socket.set_reuse_port(share)?;
+    if ty == Type::DGRAM {
+        let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+        let _ = socket.set_send_buffer_size(SEND_BUFFER);
+    }
+    Ok(socket)
+}
+/// The receive and send buffers the kernel actually granted, for the start-up log.
+pub fn buffers(socket: &std::net::UdpSocket) -> (usize, usize) {
+    let s = socket2::SockRef::from(socket);
+    (
+        s.recv_buffer_size().unwrap_or(0),
+        s.send_buffer_size().unwrap_or(0),
+    )
+}

@@ -1,0 +1,20 @@
+//! Binding the listeners (`bind`), and steering flows within a port's SO_REUSEPORT group
+//! (`steer`).
+//!
+//! LocalDNS's CoreDNS binds its listeners with SO_REUSEPORT, so ours do too: a socket from the
+//! same user with SO_REUSEPORT joins the kernel's group for that address and port, LocalDNS can
+//! bind while we still serve, and we can leave once it is ready. A group spreads flows over every
+//! member, though, and a member may not answer: an orphaned CoreDNS, or a LocalDNS that is bound
+//! but not yet serving. So while the fallback is in charge a classic BPF program on the group
+//! (SO_ATTACH_REUSEPORT_CBPF) returns the index of our own socket; when we hand over it returns
+//! any other member's, and before we close it is detached (SO_DETACH_REUSEPORT_BPF) so LocalDNS's
+//! own sockets share as they did before. The kernel numbers members in the order they joined and,
+//! when one leaves, moves the last member into its slot; our index is the number of members that
+//! were there before us (read from /proc/net at bind time), and [`Slot`] follows it as members
+//! come and go. Port 0 (tests) is never shared.
+
+mod bind;
+mod steer;
+
+pub use bind::{Bound, RECV_BUFFER, SEND_BUFFER, bind_listener, buffers};
+pub use steer::{Held, Proto, Slot, Steering, group_members, steer_away, steer_to, unsteer};
