@@ -17,6 +17,8 @@
 //!   cache, coalescing, tries and deadlines, shedding, health. Inputs in, transmits and events out.
 //! - [`handoff`]: leaving without a gap when LocalDNS is back: the sequence, and when the drain
 //!   after the hand-over is done.
+//! - [`rig`] (tests, and feature `rig`): an engine on a fake clock with everything it sends kept,
+//!   for the unit tests and the fuzz targets alike.
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod answer;
@@ -24,6 +26,8 @@ pub mod cache;
 pub mod engine;
 pub mod frame;
 pub mod handoff;
+#[cfg(any(test, feature = "rig"))]
+pub mod rig;
 pub mod roles;
 pub mod stats;
 pub mod upstream;

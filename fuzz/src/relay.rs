@@ -15,20 +15,15 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use localdns_fallback::cache::{Cache, KeyHasher, Limits};
-use localdns_fallback::engine::{Client, Dest, Engine, Failure, Leg, Settings, Via};
+use localdns_fallback::cache::Limits;
+use localdns_fallback::engine::{Client, Dest, Failure, Leg, Via};
 use localdns_fallback::roles::ListenerRole;
-use localdns_fallback::stats::ListenerStats;
-use localdns_fallback::upstream::UpstreamSets;
 use localdns_fallback::wire;
+use localdns_fallback_core::rig::{self, SOCKETS, Setup};
 
 use crate::{Input, NAMES, build_query, shape_reply, upstream_addr};
-
-/// Sockets per upstream in the rig: enough to make "wrong socket" a real case.
-const SOCKETS: usize = 2;
 
 struct ClientQuery {
     packet: Vec<u8>,
@@ -38,9 +33,7 @@ struct ClientQuery {
 }
 
 pub struct Rig {
-    engine: Engine,
-    t0: Instant,
-    now_ms: u64,
+    rig: rig::Rig,
     max_inflight: usize,
     node: Vec<SocketAddr>,
     cluster: Vec<SocketAddr>,
@@ -61,15 +54,12 @@ impl Rig {
         let defaults = Limits::default();
         let cache = match flags & 3 {
             0 => None,
-            1 => Cache::new(defaults, KeyHasher::new(7)),
-            _ => Cache::new(
-                Limits {
-                    entries: 1 + usize::from(input.u8() % 8),
-                    bytes: 256 + usize::from(input.u16() % 8192),
-                    ..defaults
-                },
-                KeyHasher::new(7),
-            ),
+            1 => Some(defaults),
+            _ => Some(Limits {
+                entries: 1 + usize::from(input.u8() % 8),
+                bytes: 256 + usize::from(input.u16() % 8192),
+                ..defaults
+            }),
         };
         let role = if flags & 4 == 0 {
             ListenerRole::Node
@@ -83,24 +73,12 @@ impl Rig {
             2 => vec![v6_upstream(2)],
             _ => vec![],
         };
-        let settings = Settings {
-            max_inflight,
-            udp_sockets_per_upstream: SOCKETS,
-            ..Settings::default()
-        };
-        let t0 = Instant::now();
-        let engine = Engine::new(
-            role,
-            settings,
-            Arc::new(UpstreamSets::uncounted(node.clone(), cluster.clone(), t0)),
-            cache.map(|c| Arc::new(Mutex::new(c))),
-            Arc::new(ListenerStats::default()),
-            [flags; 32],
-        );
+        let mut setup = Setup::new(role, node.clone(), cluster.clone());
+        setup.settings.max_inflight = max_inflight;
+        setup.cache = cache;
+        setup.seed = [flags; 32];
         Rig {
-            engine,
-            t0,
-            now_ms: 0,
+            rig: setup.start(Instant::now()),
             max_inflight,
             node,
             cluster,
@@ -110,17 +88,10 @@ impl Rig {
         }
     }
 
-    fn now(&self) -> Instant {
-        self.t0 + Duration::from_millis(self.now_ms)
-    }
-
     /// Checks and records everything the engine asked to send after one input.
     fn absorb(&mut self) -> usize {
-        let mut out = Vec::new();
-        while let Some(t) = self.engine.poll_transmit() {
-            out.push((t.dest, t.bytes.to_vec()));
-        }
-        while self.engine.poll_event().is_some() {}
+        let out = std::mem::take(&mut self.rig.sent);
+        self.rig.events.clear();
         let n = out.len();
         for (dest, bytes) in out {
             match dest {
@@ -213,8 +184,8 @@ impl Rig {
                 replies: 0,
             },
         );
-        let now = self.now();
-        self.engine.handle_query(now, client, &packet);
+        let now = self.rig.now();
+        self.rig.handle_query(now, client, &packet);
         self.absorb();
     }
 
@@ -228,8 +199,8 @@ impl Rig {
                 .sends
                 .iter()
                 .any(|(leg, b)| leg.via == via && leg.to == from && b[..2] == packet[..2]);
-        let now = self.now();
-        self.engine.handle_reply(now, via, from, &packet);
+        let now = self.rig.now();
+        self.rig.handle_reply(now, via, from, &packet);
         let produced = self.absorb();
         if forged {
             assert_eq!(produced, 0, "a forged reply produced transmits");
@@ -237,9 +208,7 @@ impl Rig {
     }
 
     fn advance(&mut self, ms: u64) {
-        self.now_ms += ms;
-        let now = self.now();
-        self.engine.handle_timeout(now);
+        self.rig.advance(ms);
         self.absorb();
     }
 
@@ -315,18 +284,18 @@ impl Rig {
                     2 => Failure::NoSocket,
                     _ => Failure::Network(io::ErrorKind::UnexpectedEof),
                 };
-                let now = self.now();
+                let now = self.rig.now();
                 if input.u8() % 4 == 0 {
                     // An ICMP error on a socket connected to the upstream.
-                    self.engine.handle_unreachable(now, leg.to);
+                    self.rig.handle_unreachable(now, leg.to);
                 } else {
-                    self.engine.handle_failure(now, leg, failure);
+                    self.rig.handle_failure(now, leg, failure);
                 }
                 self.absorb();
             }
             _ => self.advance(u64::from(input.u16() % 3000)),
         }
-        assert!(self.engine.inflight() <= self.max_inflight);
+        assert!(self.rig.engine.inflight() <= self.max_inflight);
     }
 
     /// Runs the clock past every deadline: each query that deserved a reply has had exactly one,
@@ -335,7 +304,7 @@ impl Rig {
         for _ in 0..20 {
             self.advance(500);
         }
-        assert_eq!(self.engine.inflight(), 0, "queries left in flight");
+        assert_eq!(self.rig.engine.inflight(), 0, "queries left in flight");
         for (client, c) in &self.clients {
             assert_eq!(
                 c.replies,

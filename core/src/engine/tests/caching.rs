@@ -33,11 +33,9 @@ fn a_udp_query_and_a_tcp_query_for_one_name_do_not_share_a_try() {
     let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
     let q = query(1, "big.svc", None);
     rig.query(&q, 0);
-    rig.engine.handle_query(
-        rig.at(0),
-        Client::Tcp(TCP_CLIENT),
-        &query(2, "big.svc", None),
-    );
+    let now = rig.at(0);
+    rig.engine
+        .handle_query(now, Client::Tcp(TCP_CLIENT), &query(2, "big.svc", None));
     rig.drain();
     let vias: Vec<_> = rig
         .sent

@@ -8,10 +8,9 @@ mod tries;
 
 use super::*;
 use super::{HEDGE_BURST, HEDGE_COST};
-use crate::cache::{KeyHasher, Limits};
-use crate::stats::ListenerStats;
+use crate::rig::{self, Setup};
 use std::io;
-use std::time::Duration;
+use std::ops::{Deref, DerefMut};
 
 const UDP_CLIENT: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     std::net::Ipv4Addr::new(10, 1, 1, 1),
@@ -78,13 +77,24 @@ fn with_rcode(sent: &[u8], code: u8) -> Vec<u8> {
     r
 }
 
+/// The shared rig, playing one client of one transport.
 struct Rig {
-    engine: Engine,
-    sent: Vec<(Dest, Vec<u8>)>,
-    events: Vec<Event>,
-    t0: Instant,
+    rig: rig::Rig,
     /// The transport of the client this rig plays.
     transport: Transport,
+}
+
+impl Deref for Rig {
+    type Target = rig::Rig;
+    fn deref(&self) -> &rig::Rig {
+        &self.rig
+    }
+}
+
+impl DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut rig::Rig {
+        &mut self.rig
+    }
 }
 
 impl Rig {
@@ -104,32 +114,12 @@ impl Rig {
         kube: Vec<SocketAddr>,
         tweak: impl FnOnce(&mut Settings),
     ) -> Rig {
-        let mut settings = Settings {
-            udp_sockets_per_upstream: 2,
-            ..Settings::default()
-        };
-        tweak(&mut settings);
-        let cache =
-            Cache::new(Limits::default(), KeyHasher::new(7)).map(|c| Arc::new(Mutex::new(c)));
-        let sets = Arc::new(UpstreamSets::uncounted(vnet, kube, Instant::now()));
+        let mut setup = Setup::new(role, vnet, kube);
+        tweak(&mut setup.settings);
         Rig {
-            engine: Engine::new(
-                role,
-                settings,
-                sets,
-                cache,
-                Arc::new(ListenerStats::default()),
-                [7; 32],
-            ),
-            sent: Vec::new(),
-            events: Vec::new(),
-            t0: Instant::now(),
+            rig: setup.start(Instant::now()),
             transport,
         }
-    }
-
-    fn at(&self, ms: u64) -> Instant {
-        self.t0 + Duration::from_millis(ms)
     }
 
     fn client(&self) -> Client {
@@ -139,26 +129,14 @@ impl Rig {
         }
     }
 
-    fn drain(&mut self) {
-        while let Some(t) = self.engine.poll_transmit() {
-            self.sent.push((t.dest, t.bytes.to_vec()));
-        }
-        while let Some(e) = self.engine.poll_event() {
-            self.events.push(e);
-        }
-    }
-
     fn query(&mut self, packet: &[u8], ms: u64) -> Outcome {
         let (now, client) = (self.at(ms), self.client());
-        let outcome = self.engine.handle_query(now, client, packet);
-        self.drain();
-        outcome
+        self.rig.handle_query(now, client, packet)
     }
 
     fn reply_at(&mut self, leg: Leg, packet: Vec<u8>, from: SocketAddr, ms: u64) {
         let now = self.at(ms);
-        self.engine.handle_reply(now, leg.via, from, &packet);
-        self.drain();
+        self.rig.handle_reply(now, leg.via, from, &packet);
     }
 
     fn reply(&mut self, leg: Leg, packet: Vec<u8>) {
@@ -167,41 +145,15 @@ impl Rig {
 
     fn tick(&mut self, ms: u64) {
         let now = self.at(ms);
-        self.engine.handle_timeout(now);
-        self.drain();
+        self.rig.handle_timeout(now);
     }
 
     fn fail(&mut self, leg: Leg, failure: Failure, ms: u64) {
         let now = self.at(ms);
-        self.engine.handle_failure(now, leg, failure);
-        self.drain();
-    }
-
-    /// The last upstream send: its leg and bytes.
-    fn last_upstream(&self) -> (Leg, Vec<u8>) {
-        self.sent
-            .iter()
-            .rev()
-            .find_map(|(d, b)| match d {
-                Dest::Upstream(leg) => Some((*leg, b.clone())),
-                _ => None,
-            })
-            .expect("something was sent upstream")
-    }
-
-    fn upstream_sends(&self) -> usize {
-        self.sent
-            .iter()
-            .filter(|(d, _)| matches!(d, Dest::Upstream(_)))
-            .count()
+        self.rig.handle_failure(now, leg, failure);
     }
 
     fn to_client(&self) -> Vec<Vec<u8>> {
-        let me = Dest::Client(self.client());
-        self.sent
-            .iter()
-            .filter(|(d, _)| *d == me)
-            .map(|(_, b)| b.clone())
-            .collect()
+        self.sent_to(self.client())
     }
 }

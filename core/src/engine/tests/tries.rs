@@ -187,7 +187,8 @@ fn an_unreachable_upstream_moves_every_query_there_on_at_once() {
         .filter(|(d, _)| matches!(d, Dest::Upstream(l) if l.to == up(1)))
         .count();
     assert!(at_one >= 4, "shared between both: {at_one} at the first");
-    rig.engine.handle_unreachable(rig.at(2), up(1));
+    let now = rig.at(2);
+    rig.engine.handle_unreachable(now, up(1));
     rig.drain();
     assert_eq!(
         rig.upstream_sends(),
