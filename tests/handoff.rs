@@ -1,4 +1,4 @@
-//! Sharing LocalDNS's ports and handing them back (issue 15), in network namespaces:
+//! Sharing LocalDNS's ports and handing them back, in network namespaces:
 //! - the steering program keeps every new flow on the fallback's sockets while it serves, even
 //!   when a socket bound later (a LocalDNS that is starting) or earlier (an orphaned CoreDNS)
 //!   shares the SO_REUSEPORT group; after `hand_over` new flows go to the other member, what the
