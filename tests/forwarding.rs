@@ -1,8 +1,8 @@
 //! The forwarder end to end: the real binary, real DNS servers (dnsmasq, unbound) and the
-//! project's test responder as upstreams, real clients (dig, kdig, glibc's getent). What only
-//! needs the responder runs on loopback without root; the usual node with real servers, glibc's
-//! resolv.conf and the node's own listener addresses run in namespaces as root. Every namespace
-//! and process is removed on drop.
+//! project's test responder as upstreams, real clients (dig, kdig, glibc's getent). Most of it
+//! runs on loopback without root, real servers included; glibc's resolv.conf (which takes no
+//! port), an IPv6 upstream and the node's own listener addresses run in namespaces as root. Every
+//! namespace and process is removed on drop.
 
 mod common;
 
@@ -60,48 +60,106 @@ fn start(
 }
 
 /// The usual node: unbound as the VNet DNS, dnsmasq as kube-dns, the forwarder between them.
+/// Fields drop in order: the processes before the namespaces they run in.
 struct Node {
-    topo: Topology,
+    _fwd: Forwarder,
     _vnet: Unbound,
     _kube_dns: Dnsmasq,
-    vnet_up: Upstream,
-    kube_up: Upstream,
-    _fwd: Forwarder,
+    /// The forwarder's listeners.
+    node: SocketAddr,
+    cluster: SocketAddr,
+    /// Where clients run.
+    at: Place,
+    _ups: Vec<Upstream>,
+    topo: Option<Topology>,
 }
 
+/// The usual node on loopback (no root).
 fn usual_node() -> Node {
-    require_root_and_tools(&["ip", "dig", "kdig", "dnsmasq", "unbound", "getent"]);
-    let topo = Topology::new();
-    let vnet_up = topo.add_upstream_ns(true, false);
-    let kube_up = topo.add_upstream_ns(true, false);
+    usual_node_at(Site::Loopback)
+}
+
+/// The usual node at `site`; in namespaces it listens on the node's own addresses, port 53.
+fn usual_node_at(site: Site) -> Node {
+    let topo = match site {
+        Site::Loopback => {
+            require_tools(&["dig", "kdig", "dnsmasq", "unbound"]);
+            None
+        }
+        Site::Namespaces => {
+            require_root_and_tools(&["ip", "dig", "kdig", "dnsmasq", "unbound", "getent"]);
+            Some(Topology::new())
+        }
+    };
+    let (vnet_at, vnet_addr, kube_at, kube_addr, ups) = match &topo {
+        Some(topo) => {
+            let vnet_up = topo.add_upstream_ns(true, false);
+            let kube_up = topo.add_upstream_ns(true, false);
+            (
+                Place::from(&vnet_up.ns),
+                vnet_up.sock_v4(),
+                Place::from(&kube_up.ns),
+                kube_up.sock_v4(),
+                vec![vnet_up, kube_up],
+            )
+        }
+        None => (
+            Place::Here,
+            free_loopback_port(),
+            Place::Here,
+            free_loopback_port(),
+            Vec::new(),
+        ),
+    };
     let big = unbound_big_txt("big.example.", 12, 250);
     let mut data = vec![format!("www.example. 60 IN A {VNET_ANSWER}")];
     data.push(big);
     let data: Vec<&str> = data.iter().map(String::as_str).collect();
-    let vnet = Unbound::start(&vnet_up.ns, vnet_up.sock_v4(), &data);
+    let vnet = Unbound::start(vnet_at, vnet_addr, &data);
     let kube_dns = Dnsmasq::start_with(
-        &kube_up.ns,
-        &[kube_up.sock_v4()],
+        kube_at,
+        &[kube_addr],
         &[(KUBERNETES, IpAddr::V4(KUBERNETES_IP))],
         &[("example", IpAddr::V4(KUBE_DNS_EXAMPLE))],
         &[],
     );
-    let fwd = start(&topo, &[vnet_up.sock_v4()], &[kube_up.sock_v4()], &[]);
+    let (fwd, node, cluster, at) = match &topo {
+        Some(topo) => (
+            start(topo, &[vnet_addr], &[kube_addr], &[]),
+            listener(NODE),
+            listener(CLUSTER),
+            Place::from(&topo.node),
+        ),
+        None => {
+            let fwd = Forwarder::spawn(
+                Place::Here,
+                &loopback_forwarder_args(&[vnet_addr], &[kube_addr], &[]),
+            );
+            let node = fwd.listening_on("node", Duration::from_secs(10));
+            let cluster = fwd.listening_on("cluster", Duration::from_secs(10));
+            for l in [node, cluster] {
+                fwd.wait_ready(Place::Here, l, Duration::from_secs(10));
+            }
+            (fwd, node, cluster, Place::Here)
+        }
+    };
     Node {
-        topo,
+        _fwd: fwd,
         _vnet: vnet,
         _kube_dns: kube_dns,
-        vnet_up,
-        kube_up,
-        _fwd: fwd,
+        node,
+        cluster,
+        at,
+        _ups: ups,
+        topo,
     }
 }
 
 #[test]
 fn cluster_names_on_both_listeners_reach_kube_dns() {
     let n = usual_node();
-    for l in [CLUSTER, NODE] {
-        let r = dig(&n.topo.node, &[&format!("@{l}"), KUBERNETES, "A"]);
+    for l in [n.cluster, n.node] {
+        let r = dig_to(&n.at, l, &[KUBERNETES, "A"]);
         assert_eq!(r.status, "NOERROR", "{l}: {}", r.raw);
         assert_eq!(r.answers, vec![KUBERNETES_IP.to_string()], "{l}: {}", r.raw);
     }
@@ -110,7 +168,7 @@ fn cluster_names_on_both_listeners_reach_kube_dns() {
 #[test]
 fn external_names_on_the_node_listener_go_to_the_vnet_dns_only() {
     let n = usual_node();
-    let r = dig(&n.topo.node, &[&format!("@{NODE}"), "www.example", "A"]);
+    let r = dig_to(&n.at, n.node, &["www.example", "A"]);
     assert_eq!(
         r.answers,
         vec![VNET_ANSWER.to_string()],
@@ -118,37 +176,37 @@ fn external_names_on_the_node_listener_go_to_the_vnet_dns_only() {
         r.raw
     );
     // The cluster listener sends every name to kube-dns, which answers example. differently.
-    let r = dig(&n.topo.node, &[&format!("@{CLUSTER}"), "www.example", "A"]);
+    let r = dig_to(&n.at, n.cluster, &["www.example", "A"]);
     assert_eq!(
         r.answers,
         vec![KUBE_DNS_EXAMPLE.to_string()],
         "cluster listener: {}",
         r.raw
     );
-    let _ = (&n.vnet_up, &n.kube_up);
 }
 
 #[test]
 fn tcp_works_on_both_listeners() {
     let n = usual_node();
-    let r = dig(&n.topo.node, &[&format!("@{CLUSTER}"), KUBERNETES, "+tcp"]);
+    let r = dig_to(&n.at, n.cluster, &[KUBERNETES, "+tcp"]);
     assert_eq!(r.answers, vec![KUBERNETES_IP.to_string()], "{}", r.raw);
-    let r = kdig(&n.topo.node, &[&format!("@{NODE}"), "www.example", "+tcp"]);
+    let r = kdig_to(&n.at, n.node, &["www.example", "+tcp"]);
     assert_eq!(r.answers, vec![VNET_ANSWER.to_string()], "{}", r.raw);
 }
 
 #[test]
 fn glibc_resolves_through_the_node_listener() {
-    let n = usual_node();
-    n.topo.node.set_resolv_conf(&format!(
+    let n = usual_node_at(Site::Namespaces);
+    let node_ns = &n.topo.as_ref().expect("a namespace node").node;
+    node_ns.set_resolv_conf(&format!(
         "nameserver {NODE}\noptions timeout:5 attempts:1\n"
     ));
     assert_eq!(
-        getent_hosts(&n.topo.node, "www.example").as_deref(),
+        getent_hosts(node_ns, "www.example").as_deref(),
         Some("198.51.100.10")
     );
     assert_eq!(
-        getent_hosts(&n.topo.node, KUBERNETES).as_deref(),
+        getent_hosts(node_ns, KUBERNETES).as_deref(),
         Some("10.0.0.1")
     );
 }
@@ -156,16 +214,10 @@ fn glibc_resolves_through_the_node_listener() {
 #[test]
 fn a_large_answer_is_truncated_over_udp_and_whole_over_tcp() {
     let n = usual_node();
-    let udp = dig(
-        &n.topo.node,
-        &[&format!("@{NODE}"), "big.example", "TXT", "+ignore"],
-    );
+    let udp = dig_to(&n.at, n.node, &["big.example", "TXT", "+ignore"]);
     assert_eq!(udp.status, "NOERROR", "{}", udp.raw);
     assert!(udp.has_flag("tc"), "TC passes through: {}", udp.raw);
-    let tcp = dig(
-        &n.topo.node,
-        &[&format!("@{NODE}"), "big.example", "TXT", "+tcp"],
-    );
+    let tcp = dig_to(&n.at, n.node, &["big.example", "TXT", "+tcp"]);
     assert!(!tcp.has_flag("tc"), "{}", tcp.raw);
     assert!(
         tcp.msg_size.unwrap_or(0) > 2500,
@@ -173,7 +225,7 @@ fn a_large_answer_is_truncated_over_udp_and_whole_over_tcp() {
         tcp.raw
     );
     // And dig's own fallback: UDP first, TC, then TCP.
-    let auto = dig(&n.topo.node, &[&format!("@{NODE}"), "big.example", "TXT"]);
+    let auto = dig_to(&n.at, n.node, &["big.example", "TXT"]);
     assert_eq!(auto.answers.len(), tcp.answers.len(), "{}", auto.raw);
 }
 

@@ -1,10 +1,12 @@
-//! Bad input end to end: the real daemon in a node namespace, fed malformed queries, responses,
-//! misbehaving TCP clients and hostile upstreams. After each hostile case, normal queries on both
-//! listeners must still be answered within the query deadline and the daemon must still run.
+//! Bad input end to end: the real daemon fed malformed queries, responses, misbehaving TCP clients
+//! and hostile upstreams. After each hostile case, normal queries on both listeners must still be
+//! answered within the query deadline and the daemon must still run.
 //!
-//! Run as root (namespaces, port 53, a raw socket for the spoofed flood); every namespace and
-//! process is removed on drop, also when a test fails. Each test sends its hostile input only to
-//! addresses inside its own namespaces.
+//! Most cases run on loopback and need no root. The flood of forged upstream replies needs a raw
+//! socket to claim the upstream's source address, and the thousands of idle connections need this
+//! process's open-file limit raised: those two build namespaces and need root. Each test sends its
+//! hostile input only to loopback or inside its own namespaces; everything is removed on drop,
+//! also when a test fails.
 
 mod common;
 
@@ -38,79 +40,50 @@ const TCP_WAIT: Duration = Duration::from_secs(3);
 /// millisecond; a forwarded one a few.
 const SILENCE: Duration = Duration::from_millis(500);
 
-fn node() -> SocketAddr {
-    dns53(LOCALDNS_10)
-}
-
-fn cluster() -> SocketAddr {
-    dns53(LOCALDNS_11)
-}
-
-/// A node with one test upstream serving both groups (VNet DNS and kube-dns) and the forwarder;
-/// or, built by [`split_rig`], a second upstream as the VNet DNS. The cluster domain always goes
-/// to `up`, so [`Rig::assert_still_serving`] works for both.
-struct Rig {
-    topo: Topology,
-    up: Upstream,
-    responder: Responder,
-    /// The separate VNet DNS upstream of a split rig.
-    vnet: Option<(Upstream, Responder)>,
-    fwd: Forwarder,
-    checks: AtomicUsize,
-}
-
+/// One upstream, answering as `mode`, serving both groups (VNet DNS and kube-dns).
 fn rig(mode: Mode, extra: &[&str]) -> Rig {
-    build_rig(mode, None, extra)
+    Rig::loopback().upstream(mode).flags(extra).start()
 }
 
-/// `kube_dns` serves the cluster domain (and the cluster listener), `vnet` every other name on
-/// the node listener.
+/// Upstream 0, answering as `kube_dns`, serves the cluster domain (and the cluster listener);
+/// upstream 1, answering as `vnet`, every other name on the node listener. The cluster domain
+/// goes to upstream 0 in every rig of this file, so [`Checks::assert_still_serving`] works for
+/// all of them.
 fn split_rig(kube_dns: Mode, vnet: Mode, extra: &[&str]) -> Rig {
-    build_rig(kube_dns, Some(vnet), extra)
-}
-
-fn build_rig(mode: Mode, vnet_mode: Option<Mode>, extra: &[&str]) -> Rig {
-    require_root_and_tools(&["ip", "dig"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let responder = Responder::start(&up.ns, up.sock_v4(), mode);
-    let vnet = vnet_mode.map(|m| {
-        let vnet_up = topo.add_upstream_ns(true, false);
-        let r = Responder::start(&vnet_up.ns, vnet_up.sock_v4(), m);
-        (vnet_up, r)
-    });
-    let node_upstream = vnet.as_ref().map_or(up.sock_v4(), |(u, _)| u.sock_v4());
-    let mut args = vec![
-        "--node-upstream".to_string(),
-        node_upstream.to_string(),
-        "--cluster-upstream".to_string(),
-        up.sock_v4().to_string(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let fwd = Forwarder::spawn(&topo.node, &args);
-    fwd.wait_ready(&topo.node, node(), Duration::from_secs(10));
-    fwd.wait_ready(&topo.node, cluster(), Duration::from_secs(10));
-    // The readiness probes are answered locally; start counting from zero anyway.
-    responder.reset_counts();
-    Rig {
-        topo,
-        up,
-        responder,
-        vnet,
-        fwd,
-        checks: AtomicUsize::new(0),
-    }
+    Rig::loopback()
+        .upstream(kube_dns)
+        .upstream(vnet)
+        .cluster_to(&[0])
+        .node_to(&[1])
+        .flags(extra)
+        .start()
 }
 
 fn normal(extra: &[&str]) -> Rig {
     rig(Mode::Normal { answer_v4: REAL }, extra)
 }
 
-impl Rig {
+/// [`normal`] in namespaces, for the cases that need root.
+fn normal_in_namespaces(extra: &[&str]) -> Rig {
+    Rig::namespaces()
+        .upstream(Mode::Normal { answer_v4: REAL })
+        .flags(extra)
+        .start()
+}
+
+/// The checks every case ends with.
+trait Checks {
+    fn assert_still_serving(&self, after: &str, tcp: bool);
+    fn assert_formerr_not_forwarded(&self, packet: &[u8], what: &str);
+}
+
+impl Checks for Rig {
     /// The daemon still runs, and a fresh name (not in the cache, so it really goes upstream) is
     /// answered with the real address on both listeners within the deadline, over UDP and, with
     /// `tcp`, over TCP as well.
     fn assert_still_serving(&self, after: &str, tcp: bool) {
+        // Names unique across the checks of this process, so none is a cache hit.
+        static CHECKS: AtomicUsize = AtomicUsize::new(0);
         assert!(
             self.fwd.is_running(),
             "the forwarder died after {after}; logs:\n{}",
@@ -121,14 +94,11 @@ impl Rig {
         } else {
             &["+notcp"]
         };
-        for listener in [node(), cluster()] {
+        for listener in [self.node, self.cluster] {
             for transport in transports {
-                let n = self.checks.fetch_add(1, Ordering::Relaxed);
+                let n = CHECKS.fetch_add(1, Ordering::Relaxed);
                 let name = format!("check{n}.default.svc.cluster.local");
-                let r = dig(
-                    &self.topo.node,
-                    &[&format!("@{}", listener.ip()), &name, "A", transport],
-                );
+                let r = self.dig(listener, &[&name, "A", transport]);
                 assert_eq!(
                     (r.status.as_str(), r.answers.clone()),
                     ("NOERROR", vec![REAL.to_string()]),
@@ -148,10 +118,10 @@ impl Rig {
     /// and none of it reaches the upstream.
     fn assert_formerr_not_forwarded(&self, packet: &[u8], what: &str) {
         let id = u16::from_be_bytes([packet[0], packet[1]]);
-        for listener in [node(), cluster()] {
-            let udp = udp_exchange(&self.topo.node, listener, packet, Duration::from_secs(1));
+        for listener in [self.node, self.cluster] {
+            let udp = udp_exchange(&self.at, listener, packet, Duration::from_secs(1));
             let tcp = tcp_exchange(
-                &self.topo.node,
+                &self.at,
                 listener,
                 &[packet.to_vec()],
                 Duration::from_secs(2),
@@ -172,7 +142,7 @@ impl Rig {
                 );
             }
         }
-        assert_eq!(self.responder.queries(), 0, "{what} reached the upstream");
+        assert_eq!(self.upstream_queries(0), 0, "{what} reached the upstream");
     }
 }
 
@@ -188,8 +158,8 @@ fn headers_cut_short_are_dropped_without_a_reply() {
     let r = normal(&[]);
     let whole = good_query(0x1234, "cut.example");
     let cut: Vec<Vec<u8>> = (0..12).map(|len| whole[..len].to_vec()).collect();
-    for listener in [node(), cluster()] {
-        let replies = udp_burst(&r.topo.node, listener, &cut, SILENCE);
+    for listener in [r.node, r.cluster] {
+        let replies = udp_burst(&r.at, listener, &cut, SILENCE);
         assert!(replies.is_empty(), "{listener} answered {replies:02x?}");
         // The same over TCP: each short frame is dropped, and the connection still serves a good
         // query after them.
@@ -198,7 +168,7 @@ fn headers_cut_short_are_dropped_without_a_reply() {
             0x4321,
             &format!("after-cut-{}.default.svc.cluster.local", listener.ip()),
         ));
-        let replies = tcp_exchange(&r.topo.node, listener, &frames, TCP_WAIT);
+        let replies = tcp_exchange(&r.at, listener, &frames, TCP_WAIT);
         assert_eq!(replies.len(), 1, "{listener} over TCP: {replies:02x?}");
         assert_eq!(
             raw_header(&replies[0]).map(|h| (h.id, h.rcode)),
@@ -206,7 +176,7 @@ fn headers_cut_short_are_dropped_without_a_reply() {
         );
     }
     assert_eq!(
-        r.responder.queries(),
+        r.upstream_queries(0),
         2,
         "only the two good TCP queries went upstream"
     );
@@ -302,7 +272,7 @@ fn names_over_255_bytes_get_formerr() {
     let l61 = vec![b'b'; 61];
     let mut packet = dns_header(0xff02, QUERY_FLAGS, [1, 0, 0, 0]);
     packet.extend(question(&wire_labels(&[&l63, &l63, &l63, &l61]), 1));
-    let reply = udp_exchange(&r.topo.node, node(), &packet, Duration::from_secs(2))
+    let reply = udp_exchange(&r.at, r.node, &packet, Duration::from_secs(2))
         .expect("a 255-byte name is answered");
     assert_eq!(raw_header(&reply).map(|h| h.rcode), Some(0), "{reply:02x?}");
     r.assert_still_serving("names over 255 bytes", true);
@@ -323,9 +293,9 @@ fn big_txt_query(id: u16, size: u16) -> Vec<u8> {
 #[test]
 fn opt_record_with_absurd_sizes_is_held_to_what_the_client_takes() {
     let r = rig(Mode::Oversize { answer_v4: REAL }, &[]);
-    for listener in [node(), cluster()] {
+    for listener in [r.node, r.cluster] {
         let reply = udp_exchange(
-            &r.topo.node,
+            &r.at,
             listener,
             &big_txt_query(0, 0),
             Duration::from_secs(2),
@@ -338,7 +308,7 @@ fn opt_record_with_absurd_sizes_is_held_to_what_the_client_takes() {
             reply.len()
         );
         let reply = udp_exchange(
-            &r.topo.node,
+            &r.at,
             listener,
             &big_txt_query(1, u16::MAX),
             Duration::from_secs(2),
@@ -400,19 +370,19 @@ fn responses_sent_to_the_listeners_are_neither_forwarded_nor_answered() {
     // A response with a question count of 0 and an error code (what a FORMERR looks like).
     let formerr = dns_header(0x5154, 0x8101, [0, 0, 0, 0]);
     let responses = vec![bare, full, health, formerr];
-    for listener in [node(), cluster()] {
-        let replies = udp_burst(&r.topo.node, listener, &responses, SILENCE);
+    for listener in [r.node, r.cluster] {
+        let replies = udp_burst(&r.at, listener, &responses, SILENCE);
         assert!(
             replies.is_empty(),
             "{listener} answered a response: {replies:02x?}"
         );
     }
     assert_eq!(
-        r.responder.queries(),
+        r.upstream_queries(0),
         0,
         "a response sent over UDP reached the upstream"
     );
-    for listener in [node(), cluster()] {
+    for listener in [r.node, r.cluster] {
         let mut frames = responses.clone();
         frames.push(good_query(
             0x5155,
@@ -421,7 +391,7 @@ fn responses_sent_to_the_listeners_are_neither_forwarded_nor_answered() {
                 listener.ip()
             ),
         ));
-        let replies = tcp_exchange(&r.topo.node, listener, &frames, TCP_WAIT);
+        let replies = tcp_exchange(&r.at, listener, &frames, TCP_WAIT);
         assert_eq!(
             replies
                 .iter()
@@ -432,7 +402,7 @@ fn responses_sent_to_the_listeners_are_neither_forwarded_nor_answered() {
         );
     }
     assert_eq!(
-        r.responder.queries(),
+        r.upstream_queries(0),
         2,
         "nothing but the two real TCP queries reached the upstream"
     );
@@ -445,16 +415,16 @@ fn responses_sent_to_the_listeners_are_neither_forwarded_nor_answered() {
 fn tcp_length_prefix_longer_than_the_data_is_closed_by_the_idle_timeout() {
     let idle = Duration::from_secs(1);
     let r = normal(&["--tcp-idle-timeout", "1s"]);
-    for listener in [node(), cluster()] {
+    for listener in [r.node, r.cluster] {
         let opened = Instant::now();
-        let mut stream = tcp_connect(&r.topo.node, listener, Duration::from_secs(1))
+        let mut stream = tcp_connect(&r.at, listener, Duration::from_secs(1))
             .unwrap_or_else(|| panic!("cannot connect to {listener}"));
         let mut partial = vec![0x01, 0x00];
         partial.extend_from_slice(&good_query(0x7777, "stall.example")[..10]);
         std::io::Write::write_all(&mut stream, &partial).expect("write the partial frame");
         // Another client is served while this one stalls.
         let other = tcp_exchange(
-            &r.topo.node,
+            &r.at,
             listener,
             &[good_query(0x7778, "other.default.svc.cluster.local")],
             Duration::from_secs(1),
@@ -484,8 +454,8 @@ fn tcp_slowloris_is_closed_within_the_idle_timeout() {
     let mut frame = u16::try_from(query.len()).unwrap().to_be_bytes().to_vec();
     frame.extend_from_slice(&query);
     let opened = Instant::now();
-    let mut stream = tcp_connect(&r.topo.node, node(), Duration::from_secs(1))
-        .expect("connect to the node listener");
+    let mut stream =
+        tcp_connect(&r.at, r.node, Duration::from_secs(1)).expect("connect to the node listener");
     let mut closed = None;
     // Bounded by the frame's length (about 50 s at one byte a second) and by the time limit.
     for (i, byte) in frame.iter().enumerate() {
@@ -497,8 +467,8 @@ fn tcp_slowloris_is_closed_within_the_idle_timeout() {
             // Other clients, over TCP and UDP, while the slow one holds its connection.
             let started = Instant::now();
             let other = tcp_exchange(
-                &r.topo.node,
-                node(),
+                &r.at,
+                r.node,
                 &[good_query(0x5106, "fast.default.svc.cluster.local")],
                 Duration::from_secs(1),
             );
@@ -533,19 +503,21 @@ fn tcp_slowloris_is_closed_within_the_idle_timeout() {
 /// closed the held ones, a fresh TCP query on the saturated listener is served too.
 #[test]
 fn thousands_of_idle_tcp_connections_are_capped_and_expire() {
+    // Root: the 8,192 open files below may be above the hard limit, which only root raises.
     require_root_and_tools(&["prlimit"]);
     const CONNECTIONS: usize = 2000;
     const CAP: usize = 256;
     let idle = Duration::from_secs(3);
-    let r = normal(&["--max-tcp-connections", "256", "--tcp-idle-timeout", "3s"]);
+    let r = normal_in_namespaces(&["--max-tcp-connections", "256", "--tcp-idle-timeout", "3s"]);
     // Our end of 2,000 connections plus the harness's own files.
     raise_fd_limit(8192);
     let started = Instant::now();
-    let (streams, failed) = r.topo.node.enter(|| {
+    let node = r.node;
+    let (streams, failed) = r.at.enter(|| {
         let mut streams = Vec::with_capacity(CONNECTIONS);
         let mut failed = 0;
         for _ in 0..CONNECTIONS {
-            match std::net::TcpStream::connect_timeout(&node(), Duration::from_millis(500)) {
+            match std::net::TcpStream::connect_timeout(&node, Duration::from_millis(500)) {
                 Ok(s) => streams.push(s),
                 Err(_) => failed += 1,
             }
@@ -573,14 +545,10 @@ fn thousands_of_idle_tcp_connections_are_capped_and_expire() {
     );
 
     // Meanwhile: UDP on both listeners, and TCP on the other listener (its own cap).
-    for listener in [node(), cluster()] {
-        let d = dig(
-            &r.topo.node,
-            &[
-                &format!("@{}", listener.ip()),
-                "udp-while-saturated.default.svc.cluster.local",
-                "A",
-            ],
+    for listener in [r.node, r.cluster] {
+        let d = r.dig(
+            listener,
+            &["udp-while-saturated.default.svc.cluster.local", "A"],
         );
         assert_eq!(
             d.answers,
@@ -590,14 +558,9 @@ fn thousands_of_idle_tcp_connections_are_capped_and_expire() {
         );
         assert!(d.elapsed < HEALTHY_WITHIN);
     }
-    let d = dig(
-        &r.topo.node,
-        &[
-            &format!("@{}", cluster().ip()),
-            "tcp-other-listener.default.svc.cluster.local",
-            "A",
-            "+tcp",
-        ],
+    let d = r.dig(
+        r.cluster,
+        &["tcp-other-listener.default.svc.cluster.local", "A", "+tcp"],
     );
     assert_eq!(
         d.answers,
@@ -608,7 +571,7 @@ fn thousands_of_idle_tcp_connections_are_capped_and_expire() {
     if open == CAP {
         // A fresh TCP client of the saturated listener is turned away at once, not left hanging.
         let at = Instant::now();
-        let mut fresh = tcp_connect(&r.topo.node, node(), Duration::from_secs(1))
+        let mut fresh = tcp_connect(&r.at, r.node, Duration::from_secs(1))
             .expect("the kernel still completes the handshake");
         let closed = tcp_wait_closed(&mut fresh, at, Duration::from_secs(1));
         assert!(closed.is_some(), "a connection over the cap was left open");
@@ -636,10 +599,7 @@ fn thousands_of_idle_tcp_connections_are_capped_and_expire() {
 fn garbage_from_an_upstream_gives_servfail_within_the_deadline() {
     let r = split_rig(Mode::Normal { answer_v4: REAL }, Mode::Garbage, &[]);
     for transport in ["+notcp", "+tcp"] {
-        let d = dig(
-            &r.topo.node,
-            &[&format!("@{}", node().ip()), "www.example", "A", transport],
-        );
+        let d = r.dig(r.node, &["www.example", "A", transport]);
         assert_eq!(d.status, "SERVFAIL", "{transport}:\n{}", d.raw);
         assert!(
             d.elapsed < SERVFAIL_WITHIN,
@@ -647,7 +607,7 @@ fn garbage_from_an_upstream_gives_servfail_within_the_deadline() {
             d.elapsed
         );
     }
-    let garbage = &r.vnet.as_ref().expect("a split rig").1;
+    let garbage = r.responder(1);
     assert!(
         garbage.udp_queries() > 0 && garbage.tcp_queries() > 0,
         "the garbage upstream was asked"
@@ -700,7 +660,7 @@ fn oversized_pipelined_queries_to_a_silent_upstream_keep_memory_bounded() {
     let started = Instant::now();
     let mut streams = Vec::new();
     for c in 0..CONNECTIONS {
-        let mut stream = tcp_connect(&r.topo.node, node(), Duration::from_secs(1))
+        let mut stream = tcp_connect(&r.at, r.node, Duration::from_secs(1))
             .unwrap_or_else(|| panic!("connection {c} to the node listener"));
         let mut frames = Vec::new();
         for i in 0..PIPELINED {
@@ -717,7 +677,7 @@ fn oversized_pipelined_queries_to_a_silent_upstream_keep_memory_bounded() {
     // The queries are held for up to the query deadline; watch the memory meanwhile.
     std::thread::sleep(Duration::from_millis(1000));
     let peak = vm_hwm_kib(r.fwd.pid());
-    let vnet_got = r.vnet.as_ref().map_or(0, |(_, v)| v.tcp_queries());
+    let vnet_got = r.responder(1).tcp_queries();
     eprintln!(
         "{} queries of 60 KB on {CONNECTIONS} connections in {sending:?}: {vnet_got} reached the \
          VNet DNS so far; VmRSS before {rss_before} KiB, peak {peak} KiB",
@@ -751,11 +711,12 @@ fn oversized_udp_queries_to_a_silent_upstream_keep_memory_bounded() {
     let started = Instant::now();
     // Bounded: QUERIES datagrams, paced in batches of 32 so the listener's socket buffer (about
     // 8 MiB, some 130 of these) is not what limits the test.
-    r.topo.node.enter(|| {
+    let node = r.node;
+    r.at.enter(|| {
         let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
         for i in 0..QUERIES {
             let q = padded_query(i, &format!("bigudp{i}.example"), 60_000);
-            let _ = sock.send_to(&q, node());
+            let _ = sock.send_to(&q, node);
             if i % 32 == 31 {
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -764,7 +725,7 @@ fn oversized_udp_queries_to_a_silent_upstream_keep_memory_bounded() {
     let sending = started.elapsed();
     std::thread::sleep(Duration::from_millis(500));
     let peak = vm_hwm_kib(r.fwd.pid());
-    let vnet_got = r.vnet.as_ref().map_or(0, |(_, v)| v.udp_queries());
+    let vnet_got = r.responder(1).udp_queries();
     eprintln!(
         "{QUERIES} UDP queries of 60 KB in {sending:?}: {vnet_got} reached the VNet DNS; VmRSS \
          before {rss_before} KiB, peak {peak} KiB"
@@ -844,9 +805,12 @@ impl Outcome {
 /// over the forwarder's 16 IPv4 source ports: about 1,600 guesses a second per port against
 /// 65,536 IDs, so about 5e-6 per query and 1e-3 for the run's 200 queries. A forged answer here
 /// is a bug, not luck.
+///
+/// In namespaces, as root: claiming the upstream's source address takes a raw socket, and the
+/// spoofed datagrams must not leave a namespace of the test.
 #[test]
 fn a_flood_of_forged_upstream_replies_is_ignored() {
-    let r = normal(&["--cache-size", "0"]);
+    let r = normal_in_namespaces(&["--cache-size", "0"]);
     // The upstream sockets exist from the start; read their ports as an attacker who can see the
     // host's sockets would (the strongest off-path attacker: only the ID is left to guess).
     let ports = upstream_source_ports(r.fwd.pid());
@@ -855,11 +819,11 @@ fn a_flood_of_forged_upstream_replies_is_ignored() {
         "found only {ports:?} as the forwarder's upstream source ports"
     );
     let ask = |i: usize| {
-        let listener = if i % 2 == 0 { node() } else { cluster() };
+        let listener = if i % 2 == 0 { r.node } else { r.cluster };
         let id = rand::random::<u16>();
         let started = Instant::now();
         let reply = udp_exchange(
-            &r.topo.node,
+            &r.at,
             listener,
             &make_query("flood.example.", RecordType::A, id, None),
             Duration::from_secs(3),
@@ -877,10 +841,10 @@ fn a_flood_of_forged_upstream_replies_is_ignored() {
         assert!(ask(i).real(), "no real answer before the flood");
     }
     let rss_before = vm_rss_kib(r.fwd.pid());
-    r.responder.reset_counts();
+    r.responder(0).reset_counts();
     let plan = FloodPlan {
-        spoofed_source: std::net::SocketAddrV4::new(r.up.v4.unwrap(), 53),
-        target_ip: r.up.node_v4.unwrap(),
+        spoofed_source: std::net::SocketAddrV4::new(r.ups[0].v4.unwrap(), 53),
+        target_ip: r.ups[0].node_v4.unwrap(),
         ports: ports.clone(),
         forged_reply: forged_reply(),
         datagrams: 200_000,
@@ -889,7 +853,7 @@ fn a_flood_of_forged_upstream_replies_is_ignored() {
     let flooding = AtomicBool::new(true);
     let (report, outcomes) = std::thread::scope(|s| {
         let flood = s.spawn(|| {
-            let report = flood_unsolicited_replies(&r.up.ns, &plan);
+            let report = flood_unsolicited_replies(&r.ups[0].ns, &plan);
             flooding.store(false, Ordering::SeqCst);
             report
         });
@@ -916,7 +880,7 @@ fn a_flood_of_forged_upstream_replies_is_ignored() {
         report.send_errors,
         report.elapsed,
         outcomes.len(),
-        r.responder.udp_queries(),
+        r.responder(0).udp_queries(),
         late.len(),
     );
     // On a loaded machine the flood may not keep its pace within its time limit; below 50,000

@@ -1,6 +1,6 @@
 //! What a node engineer sees: `/metrics` scraped with curl and checked by promtool, counters that
 //! move by exactly the queries sent, and a metrics endpoint that hostile HTTP clients cannot use
-//! to slow DNS down.
+//! to slow DNS down. On loopback, no root.
 
 mod common;
 
@@ -11,35 +11,47 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const METRICS: &str = "127.0.0.1:9355";
 const ANSWER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
 fn rig() -> Rig {
-    require_root_and_tools(&["curl", "promtool"]);
-    Rig::namespaces()
+    // A port the kernel picks on an address of this rig's own, so tests running side by side
+    // each have their endpoint.
+    let metrics = format!("{}:0", loopback_ip());
+    Rig::loopback()
         .upstream(Mode::Normal { answer_v4: ANSWER })
-        .flags(&["--metrics", METRICS])
+        .flags(&["--metrics", &metrics])
+        .tools(&["curl", "promtool"])
         .start()
 }
 
-/// What a test adds to the kit's rig: the metrics endpoint, and `dig` at a listener given as
-/// `@address`.
+/// What a test adds to the kit's rig: the metrics endpoint.
 trait Metrics {
+    fn metrics(&self) -> SocketAddr;
     fn scrape(&self) -> String;
-    fn ask(&self, listener: &str, args: &[&str]) -> DigResult;
 }
 
 impl Metrics for Rig {
+    /// Where the endpoint serves, from its start-up log line (the port was the kernel's pick).
+    fn metrics(&self) -> SocketAddr {
+        poll_until(Duration::from_secs(10), || {
+            let logs = self.fwd.logs();
+            let line = logs.lines().find(|l| l.contains("serving /metrics"))?;
+            let at = line.find("addr=Some(")? + "addr=Some(".len();
+            line[at..].split(')').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no metrics endpoint came up; logs:\n{}", self.fwd.logs()))
+    }
+
     fn scrape(&self) -> String {
         let out = self
-            .node_ns()
-            .exec(
+            .at
+            .command(
                 "curl",
                 [
                     "-sS",
                     "--max-time",
                     "5",
-                    &format!("http://{METRICS}/metrics"),
+                    &format!("http://{}/metrics", self.metrics()),
                 ],
             )
             .output()
@@ -50,12 +62,6 @@ impl Metrics for Rig {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn ask(&self, listener: &str, args: &[&str]) -> DigResult {
-        let mut all = vec![listener];
-        all.extend_from_slice(args);
-        dig(self.node_ns(), &all)
     }
 }
 
@@ -106,28 +112,21 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
     promtool_check(&before);
     for i in 0..3 {
         assert_eq!(
-            r.ask("@169.254.10.11", &[&format!("n{i}.svc.cluster.local")])
+            r.dig(r.cluster, &[&format!("n{i}.svc.cluster.local")])
                 .status,
             "NOERROR"
         );
     }
     for i in 0..2 {
         assert_eq!(
-            r.ask("@169.254.10.10", &[&format!("nx.gone{i}.example")])
-                .status,
+            r.dig(r.node, &[&format!("nx.gone{i}.example")]).status,
             "NXDOMAIN"
         );
     }
+    assert_eq!(r.dig(r.node, &["tcp.example", "+tcp"]).status, "NOERROR");
+    assert_eq!(r.dig(r.cluster, &["servfail.example"]).status, "SERVFAIL");
     assert_eq!(
-        r.ask("@169.254.10.10", &["tcp.example", "+tcp"]).status,
-        "NOERROR"
-    );
-    assert_eq!(
-        r.ask("@169.254.10.11", &["servfail.example"]).status,
-        "SERVFAIL"
-    );
-    assert_eq!(
-        r.ask("@169.254.10.11", &["n0.svc.cluster.local"]).status,
+        r.dig(r.cluster, &["n0.svc.cluster.local"]).status,
         "NOERROR"
     ); // a cache hit
     let after = r.scrape();
@@ -201,8 +200,8 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
 #[test]
 fn hostile_http_clients_do_not_delay_dns() {
     let r = rig();
-    let metrics: SocketAddr = METRICS.parse().unwrap();
-    let slow = r.node_ns().enter(|| {
+    let metrics = r.metrics();
+    let slow = r.at.enter(|| {
         // Slow and junk clients: more than the endpoint serves at once.
         let mut conns = Vec::new();
         for i in 0..12 {
@@ -219,7 +218,7 @@ fn hostile_http_clients_do_not_delay_dns() {
     });
     let started = Instant::now();
     for i in 0..5 {
-        let d = r.ask("@169.254.10.11", &[&format!("busy{i}.example")]);
+        let d = r.dig(r.cluster, &[&format!("busy{i}.example")]);
         assert_eq!(d.status, "NOERROR");
         assert!(
             d.elapsed < Duration::from_secs(1),
@@ -229,15 +228,14 @@ fn hostile_http_clients_do_not_delay_dns() {
     }
     // Once the slow clients hit the request deadline, scraping works again.
     let text = poll_until(Duration::from_secs(6), || {
-        let out = r
-            .node_ns()
-            .exec(
+        let out =
+            r.at.command(
                 "curl",
                 [
                     "-s",
                     "--max-time",
                     "2",
-                    &format!("http://{METRICS}/metrics"),
+                    &format!("http://{metrics}/metrics"),
                 ],
             )
             .output()
@@ -249,9 +247,8 @@ fn hostile_http_clients_do_not_delay_dns() {
     .expect("scrape after the slow clients were cut off");
     assert!(text.contains("localdns_fallback_responses_total"));
     assert!(started.elapsed() < Duration::from_secs(8));
-    let not_found = r
-        .node_ns()
-        .exec(
+    let not_found =
+        r.at.command(
             "curl",
             [
                 "-s",
@@ -259,7 +256,7 @@ fn hostile_http_clients_do_not_delay_dns() {
                 "/dev/null",
                 "-w",
                 "%{http_code}",
-                &format!("http://{METRICS}/"),
+                &format!("http://{metrics}/"),
             ],
         )
         .output()
