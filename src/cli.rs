@@ -14,12 +14,15 @@ localdns-fallback: the DNS forwarder of last resort for an AKS node whose LocalD
 USAGE:
     localdns-fallback [FLAGS]                  serve
     localdns-fallback discover [--json] [FLAGS]  print the upstreams it would use, then exit
+    localdns-fallback release-addresses [FLAGS]  remove the listener addresses it puts on lo, then exit
 
 Serves the node listener (--node-listen) and the cluster listener (--cluster-listen) over UDP and
 TCP. The cluster listener relays every name to the kube-dns servers; the node listener relays
 names under --cluster-domain to the kube-dns servers and every other name to the VNet DNS servers.
 Upstreams not given by flags are discovered from the node and followed while serving: the VNet DNS
 from --resolv-conf (or the DHCP leases while it names none), kube-dns backends from kube-proxy's rules or Cilium.
+It never takes the listeners from a LocalDNS that answers its probe name on both: started beside
+one, it exits (or, with --standby, waits beside it and serves only while it is silent).
 
 FLAGS:
     --node-listen ADDR          node listener [default: 169.254.10.10:53]
@@ -55,6 +58,8 @@ FLAGS:
     --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
     --allow-wildcard            allow a wildcard listen address (0.0.0.0, ::): off, because it would
                                 answer on every interface of the node
+    --standby                   run beside LocalDNS: ask its probe name every 120 ms, serve within
+                                0.5 s of it going silent, hand back when it answers again
     --no-link-setup             do not put the listener addresses on lo (they keep us reachable while
                                 LocalDNS recreates its localdns link)
     --metrics ADDR              serve Prometheus metrics at http://ADDR/metrics [default: off]
@@ -91,6 +96,8 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// Put the listener addresses on lo if missing (removed again when serving ends).
     pub link_setup: bool,
+    /// Stand by beside LocalDNS and serve only while it does not answer its probe.
+    pub standby: bool,
     pub log_level: tracing::Level,
     pub cache: cache::Limits,
     /// Where to look for upstreams not given by flags.
@@ -120,6 +127,7 @@ impl Default for Config {
             udp_threads: 1,
             bind_timeout: Duration::from_secs(10),
             link_setup: true,
+            standby: false,
             metrics: None,
             allow_wildcard: false,
             log_level: tracing::Level::INFO,
@@ -138,6 +146,8 @@ pub enum Command {
         config: Box<Config>,
         json: bool,
     },
+    /// Remove the listener addresses from lo and exit (the unit's ExecStopPost, after a kill).
+    ReleaseAddresses(Box<Config>),
     Help,
     Version,
 }
@@ -147,6 +157,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
     let mut config = Config::default();
     let mut args = args.into_iter().peekable();
     let discover = args.next_if(|a| a == "discover").is_some();
+    let release = !discover && args.next_if(|a| a == "release-addresses").is_some();
     let mut json = false;
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -166,6 +177,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
             }
             "--no-link-setup" => {
                 config.link_setup = false;
+                continue;
+            }
+            "--standby" => {
+                config.standby = true;
                 continue;
             }
             _ => {}
@@ -247,6 +262,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
             config: Box::new(config),
             json,
         });
+    }
+    if release {
+        return Ok(Command::ReleaseAddresses(Box::new(config)));
     }
     Ok(Command::Run(Box::new(config)))
 }

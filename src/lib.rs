@@ -48,6 +48,7 @@ pub mod mailbox;
 pub mod metrics;
 pub mod mmsg;
 pub mod privilege;
+pub mod probe;
 pub mod relay;
 pub mod report;
 pub mod server;

@@ -28,6 +28,15 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             };
         }
+        Ok(Command::ReleaseAddresses(config)) => {
+            return match server::release_addresses(&config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("localdns-fallback: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Ok(Command::Version) => {
             println!(
                 "localdns-fallback {} (commit {})",

@@ -1,4 +1,4 @@
-//! What a node-image build gets (issue 14): the `.deb` that `cargo deb` makes, installed with the
+//! What a node-image build gets: the `.deb` that `cargo deb` makes, installed with the
 //! real `dpkg` into a scratch copy of a real Debian 12 root file system (systemd 252), and
 //! `units/install.sh --check` run on that tree, as an image pipeline would run it.
 //!
@@ -27,8 +27,12 @@ const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 /// Where the systemd tests cache their Debian 12 root file system (see build-rootfs.sh).
 const ROOTFS: &str = "/var/cache/localdns-fallback-tests/rootfs-bookworm";
 /// The files the package must install, with their modes (the paths the units and LocalDNS use).
-const INSTALLED: [(&str, u32); 5] = [
+const INSTALLED: [(&str, u32); 6] = [
     ("opt/azure/containers/localdns/localdns-fallback", 0o755),
+    (
+        "etc/systemd/system/localdns-fallback-standby.service",
+        0o644,
+    ),
     (
         "opt/azure/containers/localdns/localdns-fallback-handoff",
         0o755,
@@ -421,6 +425,71 @@ fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_rest
     .assert_ok();
     root.install().assert_ok();
     root.check().assert_ok();
+}
+
+/// The node image's own wiring (`OnFailure=localdns-fallback.service` and an `ExecStartPre=` that
+/// stops it, in LocalDNS's unit): `install.sh --wiring on-failure` installs only the binary and our
+/// units, refuses a LocalDNS unit that lacks either line (naming it), and `--check` agrees;
+/// `--standby` enables the standby unit the way `systemctl enable` does, and uninstall removes it.
+#[test]
+fn the_on_failure_wiring_installs_only_our_units_and_needs_both_lines_of_localdns() {
+    require();
+    let binary = env!("CARGO_BIN_EXE_localdns-fallback");
+    let unit = "etc/systemd/system/localdns.service";
+    let on_failure =
+        "sed -i 's/^\\[Unit\\]$/&\\nOnFailure=localdns-fallback.service/' \"$ROOT/$1\"";
+    let stop_pre = "sed -i 's/^\\[Service\\]$/&\\nExecStartPre=-\\/usr\\/bin\\/systemctl stop localdns-fallback.service/' \"$ROOT/$1\"";
+    let wiring = ["--wiring", "on-failure"];
+
+    // Neither line, then only one: refused, each missing line named, nothing installed.
+    let root = ScratchRoot::new();
+    let mut args = vec!["--binary", binary];
+    args.extend_from_slice(&wiring);
+    root.install_sh(&args)
+        .assert_fails_naming("no OnFailure=localdns-fallback.service");
+    root.sh(on_failure, &[unit]).assert_ok();
+    root.install_sh(&args)
+        .assert_fails_naming("no ExecStartPre= that stops localdns-fallback.service");
+    root.sh("test ! -e \"$ROOT/$1\"", &[INSTALLED[0].0])
+        .assert_ok();
+
+    // Both lines: installed, exactly our binary and units, no drop-in; the check agrees.
+    root.sh(stop_pre, &[unit]).assert_ok();
+    let mut with_standby = args.clone();
+    with_standby.push("--standby");
+    root.install_sh(&with_standby).assert_ok();
+    let mut check = vec!["--check", "--standby"];
+    check.extend_from_slice(&wiring);
+    root.install_sh(&check).assert_ok();
+    for (path, _) in INSTALLED {
+        let present = root
+            .sh("test -e \"$ROOT/$1\"", &[path])
+            .out
+            .status
+            .success();
+        let ours = !path.contains("handoff") && !path.ends_with(".path") && path != DROPIN;
+        assert_eq!(
+            present, ours,
+            "{path}: installed {present}, expected {ours}"
+        );
+    }
+    root.sh(
+        "test \"$(readlink \"$ROOT/$1\")\" = /etc/systemd/system/localdns-fallback-standby.service",
+        &["etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service"],
+    )
+    .assert_ok();
+    // The drop-in wiring's check fails on this tree (no drop-in), naming what is missing.
+    root.check().assert_fails_naming("missing:");
+    // Uninstall removes what either wiring installed, the standby's enablement too.
+    root.uninstall().assert_ok();
+    for (path, _) in INSTALLED {
+        root.sh("test ! -e \"$ROOT/$1\"", &[path]).assert_ok();
+    }
+    root.sh(
+        "test ! -e \"$ROOT/$1\"",
+        &["etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service"],
+    )
+    .assert_ok();
 }
 
 /// Some AKS images ship a `localdns-fallback.service` of their own (NAT redirects of the listener

@@ -107,6 +107,8 @@ const VNETDNS_EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 16);
 mod asking;
 #[path = "systemd/container.rs"]
 mod container;
+#[path = "systemd/node_image.rs"]
+mod node_image;
 
 use asking::*;
 use container::*;
@@ -444,6 +446,7 @@ fn healthy_node_and_static_checks(suite: Suite) {
         .filter(|l| !left.lines().any(|k| k == *l))
         .collect();
     let expected = [
+        "/etc/systemd/system/localdns-fallback-standby.service",
         "/etc/systemd/system/localdns-fallback.path",
         "/etc/systemd/system/localdns-fallback.service",
         "/etc/systemd/system/localdns.service.d/50-localdns-fallback.conf",
@@ -700,6 +703,16 @@ macro_rules! generation {
             #[test]
             fn s6_healthy_node_start_is_skipped_and_units_verify() {
                 healthy_node_and_static_checks($suite);
+            }
+
+            #[test]
+            fn s8_node_image_on_failure_wiring_phases() {
+                node_image::node_image_phases($suite, false);
+            }
+
+            #[test]
+            fn s9_node_image_wiring_with_the_standby_unit_phases_and_a_hung_localdns() {
+                node_image::node_image_phases($suite, true);
             }
         }
     };

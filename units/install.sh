@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Installs localdns-fallback where AKS nodes keep LocalDNS's pieces, removes exactly what it
 # installed, or checks an installed tree (for an image pipeline, after `dpkg -i` or this script):
-#   units/install.sh [--binary PATH] [--root DIR]        install (binary defaults to the release build)
-#   units/install.sh --uninstall [--root DIR]             remove
-#   units/install.sh --check [--root DIR]                 verify; exit 1 naming every problem
+#   units/install.sh [--binary PATH] [--root DIR] [WIRING]   install (binary defaults to the release build)
+#   units/install.sh --uninstall [--root DIR]                remove
+#   units/install.sh --check [--root DIR] [WIRING]           verify; exit 1 naming every problem
+# WIRING says what starts the fallback (README, "Wiring"):
+#   --wiring drop-in     (the default) our drop-in on localdns.service and the trigger path unit;
+#   --wiring on-failure  the node image's own two lines in localdns.service
+#                        (OnFailure=localdns-fallback.service and an ExecStartPre= that stops it):
+#                        only our binary and units are installed, and LocalDNS's unit must have both;
+#   --standby            (with either) also enable localdns-fallback-standby.service, which runs
+#                        beside LocalDNS and takes over within 0.5 s of it going silent.
 # --root works on another root file system (an image being built, a test container).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -12,13 +19,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 # SOURCE is relative to units/ ("binary" is the --binary file); DESTINATION is relative to the root.
 # Install, uninstall and --check all read this list, and the .deb (Cargo.toml,
 # [package.metadata.deb] assets) must hold the same files: tests/shipping.rs compares them.
+# Every wiring needs the first three; the drop-in wiring also the last three (the .deb holds all).
 files=(
     "binary                                        opt/azure/containers/localdns/localdns-fallback                  0755"
-    "localdns-fallback-handoff                     opt/azure/containers/localdns/localdns-fallback-handoff          0755"
     "localdns-fallback.service                     etc/systemd/system/localdns-fallback.service                     0644"
+    "localdns-fallback-standby.service             etc/systemd/system/localdns-fallback-standby.service             0644"
+)
+dropin_files=(
+    "localdns-fallback-handoff                     opt/azure/containers/localdns/localdns-fallback-handoff          0755"
     "localdns-fallback.path                        etc/systemd/system/localdns-fallback.path                        0644"
     "localdns.service.d/50-localdns-fallback.conf  etc/systemd/system/localdns.service.d/50-localdns-fallback.conf  0644"
 )
+# What enables the standby unit (as `systemctl enable` makes it).
+standby_link=etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service
 # ---- What wires the fallback to LocalDNS: lines --check requires in the installed drop-in. --------
 # One entry per directive, "[Section] Key=value", exactly as in
 # units/localdns.service.d/50-localdns-fallback.conf: the trigger, the starts on failure, restart
@@ -51,17 +64,27 @@ unit=etc/systemd/system/localdns-fallback.service
 root=""
 binary="$here/../target/release/localdns-fallback"
 action=install
+wiring=drop-in
+standby=""
 while (($#)); do
     case $1 in
         --uninstall) action=uninstall ;;
         --check) action=check ;;
         --binary) binary=$2; shift ;;
         --root) root=$2; shift ;;
+        --wiring)
+            wiring=${2:-}; shift
+            [[ $wiring == drop-in || $wiring == on-failure ]] ||
+                { echo "install.sh: --wiring drop-in or --wiring on-failure, not \"$wiring\"" >&2; exit 2; }
+            ;;
+        --standby) standby=1 ;;
         *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
 root=${root%/}
+# Uninstall removes whatever either wiring installed.
+if [[ $wiring == drop-in || $action == uninstall ]]; then files+=("${dropin_files[@]}"); fi
 
 reload() {
     # Only the running systemd of this root; an image being built has none.
@@ -106,20 +129,54 @@ localdns_own_stop_post() {
 
 # The values of the [Service] list KEY in these unit files, one per line, as systemd assembles
 # the list: in order, an empty assignment emptying it.
-service_list() {
-    local key=$1; shift
-    awk -v key="$key" '
+service_list() { section_list Service "$@"; }
+
+# The same for the list KEY of [SECTION].
+section_list() {
+    local want="[$1]" key=$2; shift 2
+    awk -v key="$key" -v want="$want" '
         /^[ \t]*\[/ { section = $0; gsub(/[ \t]/, "", section); next }
-        section == "[Service]" && $0 ~ "^[ \t]*" key "[ \t]*=" {
+        section == want && $0 ~ "^[ \t]*" key "[ \t]*=" {
             v = $0; sub(/^[^=]*=[ \t]*/, "", v); sub(/[ \t]+$/, "", v)
             if (v == "") n = 0; else list[++n] = v
         }
         END { for (i = 1; i <= n; i++) print list[i] }' "$@"
 }
 
+# LocalDNS's unit file followed by its drop-ins (ours included), in systemd's order.
+localdns_files() {
+    local localdns name dir
+    localdns=$(localdns_unit)
+    [[ -n $localdns ]] || return 0
+    echo "$localdns"
+    for name in $(for dir in "${unit_dirs[@]}"; do
+        [[ -d $root/$dir/localdns.service.d ]] && ls "$root/$dir/localdns.service.d"; done | grep '\.conf$' | sort -u); do
+        for dir in "${unit_dirs[@]}"; do
+            if [[ -f $root/$dir/localdns.service.d/$name ]]; then
+                echo "$root/$dir/localdns.service.d/$name"; break
+            fi
+        done
+    done
+}
+
+# One line per line of the node image's wiring that LocalDNS's unit lacks; nothing when it has
+# both (or when this root has no LocalDNS unit: an image being built may install it later).
+on_failure_mismatch() {
+    local localdns unit_files=()
+    localdns=$(localdns_unit)
+    [[ -n $localdns ]] || return 0
+    mapfile -t unit_files < <(localdns_files)
+    # OnFailure= takes a space-separated list.
+    section_list Unit OnFailure "${unit_files[@]}" | tr ' ' '\n' | grep -qx localdns-fallback.service ||
+        echo "LocalDNS's unit $localdns has no OnFailure=localdns-fallback.service: the on-failure wiring needs it"
+    service_list ExecStartPre "${unit_files[@]}" | grep -Eq 'systemctl +stop +localdns-fallback(\.service)?$' ||
+        echo "LocalDNS's unit $localdns has no ExecStartPre= that stops localdns-fallback.service (e.g. ExecStartPre=-/usr/bin/systemctl stop localdns-fallback.service): without it the fallback stays beside a LocalDNS that starts again"
+}
+
 # One line naming the difference when LocalDNS's own ExecStopPost= is not what the drop-in
 # restates; nothing when it is (or when this root has no LocalDNS unit).
 stop_post_mismatch() {
+    [[ $wiring == drop-in ]] || return 0
     local own restated localdns
     localdns=$(localdns_unit)
     [[ -n $localdns ]] || return 0
@@ -200,14 +257,21 @@ check() {
 
     stop_post_mismatch
     foreign_unit
+    if [[ $wiring == on-failure ]]; then
+        on_failure_mismatch
+        [[ ! -e $root/$dropin ]] || echo "the drop-in wiring's $root/$dropin is installed beside the on-failure wiring"
+    fi
+    if [[ -n $standby && ! -L $root/$standby_link ]]; then
+        echo "standby not enabled: $root/$standby_link is missing"
+    fi
 
     # systemd's own reading of the units: clean means no complaint at all (an unknown key or a
     # directive in the wrong section is only a warning, with exit status 0). LocalDNS's unit comes
     # from LocalDNS, not from us: it is verified with our drop-in when the tree has it.
-    local units=(localdns-fallback.service) root_flag=()
+    local units=(localdns-fallback.service localdns-fallback-standby.service) root_flag=()
     [[ -n $root ]] && root_flag=(--root="$root")
     [[ -n $(localdns_unit) ]] && units+=(localdns.service)
-    if ((${#units[@]} == 1)); then
+    if ((${#units[@]} == 2)); then
         echo "note: no localdns.service in $root/: the drop-in was checked by its text only" >&2
     fi
     if [[ -f $root/$unit ]]; then
@@ -222,17 +286,36 @@ check() {
 case $action in
     install)
         [[ -x $binary ]] || { echo "install.sh: no binary at $binary (cargo build --release first)" >&2; exit 1; }
-        mismatch=$(stop_post_mismatch; foreign_unit)
+        mismatch=$(stop_post_mismatch; foreign_unit; [[ $wiring == drop-in ]] || on_failure_mismatch)
         [[ -z $mismatch ]] || { echo "install.sh: not installed: $mismatch" >&2; exit 1; }
         for entry in "${files[@]}"; do
             read -r src dest mode <<<"$entry"
             [[ $src == binary ]] && src=$binary || src=$here/$src
             install -D -m "$mode" "$src" "$root/$dest"
         done
+        if [[ $wiring == on-failure ]]; then
+            # One wiring at a time: the drop-in's starts and the node image's stop would interleave.
+            for entry in "${dropin_files[@]}"; do
+                read -r src dest mode <<<"$entry"
+                rm -f "$root/$dest"
+            done
+            rmdir --ignore-fail-on-non-empty "$root/etc/systemd/system/localdns.service.d" 2>/dev/null || true
+        fi
+        if [[ -n $standby ]]; then
+            mkdir -p "$(dirname "$root/$standby_link")"
+            ln -sfn /etc/systemd/system/localdns-fallback-standby.service "$root/$standby_link"
+        fi
         reload
-        echo "installed $(installed)"
+        if [[ -n $standby && -z $root && -d /run/systemd/system ]]; then
+            systemctl start --no-block localdns-fallback-standby.service
+        fi
+        echo "installed $(installed) (wiring: $wiring${standby:+, standby enabled})"
         ;;
     uninstall)
+        if [[ -z $root && -d /run/systemd/system ]]; then
+            systemctl stop localdns-fallback-standby.service 2>/dev/null || true
+        fi
+        rm -f "$root/$standby_link"
         foreign=$(foreign_unit) removed=""
         for entry in "${files[@]}"; do
             read -r src dest mode <<<"$entry"
@@ -257,6 +340,7 @@ case $action in
             echo "$problems" | sed 's/^/  /' >&2
             exit 1
         fi
-        echo "check OK: ${root:-/}: $(installed); drop-in wired (${#dropin_directives[@]} directives); systemd-analyze verify clean"
+        if [[ $wiring == drop-in ]]; then wired="drop-in wired (${#dropin_directives[@]} directives)"; else wired="on-failure wiring in LocalDNS's unit"; fi
+        echo "check OK: ${root:-/}: $(installed); $wired${standby:+, standby enabled}; systemd-analyze verify clean"
         ;;
 esac

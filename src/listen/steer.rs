@@ -79,6 +79,28 @@ impl Steering {
         Ok(handed)
     }
 
+    /// See [`Held::take`]. A port that is not shared (port 0) has nothing to steer.
+    pub fn take(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
+        if self.addr.port() == 0 {
+            return Ok(());
+        }
+        let udp_members = group_members(self.addr, Proto::Udp)?;
+        self.udp.update(&udp_members);
+        let tcp_members = group_members(self.addr, Proto::Tcp)?;
+        self.tcp.update(&tcp_members);
+        match self.udp.index() {
+            Some(ours) => attach(
+                udp,
+                &program_to_except_probes(ours, udp_members.len() as u32),
+            )?,
+            None => unsteer(udp)?,
+        }
+        match self.tcp.index() {
+            Some(ours) => steer_to(tcp, ours),
+            None => unsteer(tcp),
+        }
+    }
+
     /// Detaches the steering program from both groups: plain SO_REUSEPORT sharing again. Call
     /// it right before closing our sockets (the program belongs to the group and would outlive
     /// us, picking whichever socket then holds our index).
@@ -120,6 +142,20 @@ impl Held {
             Ok(handed) => handed,
             Err(e) => {
                 tracing::warn!(addr = %self.steering.addr, error = %e, "cannot hand flows over");
+                false
+            }
+        }
+    }
+
+    /// New flows to us again, except LocalDNS's probe questions over UDP, which go on reaching
+    /// LocalDNS's own sockets (the standby mode asks them to learn when to hand back). Our place
+    /// and the group's size are read afresh: members came and went while we stood by. False if
+    /// the steering could not be set (we then share flows with the other members).
+    pub fn take(&mut self) -> bool {
+        match self.steering.take(self.udp.as_fd(), self.tcp.as_fd()) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(addr = %self.steering.addr, error = %e, "cannot take the flows back");
                 false
             }
         }
@@ -237,6 +273,50 @@ fn program_away(ours: u32, members: u32) -> Vec<nix::libc::sock_filter> {
         insn(BPF_ALU_ADD_K, 0, 0, 1),            //   then A += 1 (skip ours)
         insn(BPF_RET_A, 0, 0, 0),
     ]
+}
+
+/// LocalDNS's probe name as the question of a query: the DNS header (12 bytes) and then the name
+/// in lower-case wire form, as LocalDNS's own probe and ours send it.
+const PROBE_QUESTION_END: u32 = 12 + crate::engine::route::HEALTH_CHECK.len() as u32;
+const BPF_LD_W_LEN: u16 = 0x80;
+const BPF_LD_B_ABS: u16 = 0x30;
+const BPF_JMP_JEQ_K: u16 = 0x15;
+
+/// A program that puts every flow on the member at `ours`, except queries for LocalDNS's probe
+/// name, which go to any other member (a UDP program sees the datagram's payload from offset 0).
+/// With no other member they come to us too; the relay drops our own probes then.
+fn program_to_except_probes(ours: u32, members: u32) -> Vec<nix::libc::sock_filter> {
+    let name = crate::engine::route::HEALTH_CHECK;
+    // Each check jumps to the last instruction (`ret ours`) on a mismatch; jf is filled in below.
+    let mut p = vec![
+        insn(BPF_LD_W_LEN, 0, 0, 0),
+        insn(BPF_JMP_JGE_K, 0, 0, PROBE_QUESTION_END),
+    ];
+    let mut at = 0;
+    while at + 4 <= name.len() {
+        let word = u32::from_be_bytes(name[at..at + 4].try_into().expect("4 bytes"));
+        p.push(insn(BPF_LD_W_ABS, 0, 0, 12 + at as u32));
+        p.push(insn(BPF_JMP_JEQ_K, 0, 0, word));
+        at += 4;
+    }
+    for (i, &byte) in name[at..].iter().enumerate() {
+        p.push(insn(BPF_LD_B_ABS, 0, 0, 12 + (at + i) as u32));
+        p.push(insn(BPF_JMP_JEQ_K, 0, 0, u32::from(byte)));
+    }
+    let checks = p.len();
+    if members > 1 && ours < members {
+        p.extend(program_away(ours, members));
+    } else {
+        p.push(insn(BPF_RET_K, 0, 0, ours));
+    }
+    p.push(insn(BPF_RET_K, 0, 0, ours));
+    let last = p.len() - 1;
+    for (i, ins) in p[..checks].iter_mut().enumerate() {
+        if ins.code == BPF_JMP_JEQ_K || ins.code == BPF_JMP_JGE_K {
+            ins.jf = u8::try_from(last - i - 1).expect("a short program");
+        }
+    }
+    p
 }
 
 /// What the kernel runs for an index (a slot past the last member means: hash as usual). For
@@ -445,6 +525,75 @@ mod tests {
         s.update(&[9, 20, 21, 22]);
         s.update(&[9, 20, 22]);
         assert_eq!((s.index(), s.above.clone()), (Some(0), vec![20, 22]));
+    }
+
+    /// The classic BPF the programs above use, run as the kernel runs a reuseport program over a
+    /// UDP payload; a load past the end ends the program with 0, as the kernel's does.
+    fn run(program: &[nix::libc::sock_filter], packet: &[u8], random: u32) -> u32 {
+        let (mut a, mut pc) = (0u32, 0usize);
+        loop {
+            let i = program[pc];
+            pc += 1;
+            match i.code {
+                BPF_LD_W_LEN => a = packet.len() as u32,
+                BPF_LD_W_ABS if i.k == SKF_AD_RANDOM => a = random,
+                BPF_LD_W_ABS => match packet.get(i.k as usize..i.k as usize + 4) {
+                    Some(w) => a = u32::from_be_bytes(w.try_into().unwrap()),
+                    None => return 0,
+                },
+                BPF_LD_B_ABS => match packet.get(i.k as usize) {
+                    Some(&b) => a = u32::from(b),
+                    None => return 0,
+                },
+                BPF_ALU_MOD_K => a %= i.k,
+                BPF_ALU_ADD_K => a += i.k,
+                BPF_JMP_JEQ_K => pc += usize::from(if a == i.k { i.jt } else { i.jf }),
+                BPF_JMP_JGE_K => pc += usize::from(if a >= i.k { i.jt } else { i.jf }),
+                BPF_RET_K => return i.k,
+                BPF_RET_A => return a,
+                code => panic!("opcode {code:#x} not modelled"),
+            }
+        }
+    }
+
+    fn query(name: &[&str]) -> Vec<u8> {
+        let mut q = vec![0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        for label in name {
+            q.push(label.len() as u8);
+            q.extend_from_slice(label.as_bytes());
+        }
+        q.extend_from_slice(&[0, 0, 1, 0, 1]);
+        q
+    }
+
+    #[test]
+    fn only_localdns_probe_questions_leave_our_socket_while_we_serve() {
+        let probe = query(&["health-check", "localdns", "local"]);
+        let others = [
+            query(&["health-check", "localdns", "locals"]),
+            query(&["Health-check", "localdns", "local"]),
+            query(&["kubernetes", "default", "svc", "cluster", "local"]),
+            probe[..40].to_vec(),
+            vec![1, 2, 3],
+            Vec::new(),
+        ];
+        for (ours, members) in [(0, 2), (1, 2), (2, 3), (0, 4)] {
+            let program = program_to_except_probes(ours, members);
+            for random in [0, 1, 2, 7, u32::MAX] {
+                let pick = run(&program, &probe, random);
+                assert!(
+                    pick != ours && pick < members,
+                    "probe to {pick} (ours {ours} of {members})"
+                );
+                for other in &others {
+                    assert_eq!(run(&program, other, random), ours, "{other:?}");
+                }
+            }
+        }
+        // Alone in the group: everything is ours (the relay drops our own probes).
+        let alone = program_to_except_probes(0, 1);
+        assert_eq!(run(&alone, &probe, 5), 0);
+        assert_eq!(run(&alone, &others[2], 5), 0);
     }
 
     #[test]

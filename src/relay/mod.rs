@@ -31,6 +31,7 @@ use crate::engine::{Client, ConnId, Dest, Engine, Failure, Leg, Outcome, Via};
 use crate::handoff::Drain;
 use crate::mailbox::{Letter, Mailbox};
 use crate::mmsg::{RecvBatch, SendBatch};
+use crate::probe::OwnProbes;
 
 mod events;
 mod upstream_sockets;
@@ -126,6 +127,8 @@ pub struct Relay {
     /// After a stop without hand-over, how long queries already taken may still be answered
     /// (TCP clients).
     pub drain: Duration,
+    /// Our own standby prober's questions, which must find LocalDNS or silence, never us.
+    pub own_probes: Arc<OwnProbes>,
 }
 
 /// The state of a running relay thread besides the engine.
@@ -160,6 +163,7 @@ pub fn run(relay: Relay) {
         stop,
         heartbeat: (heartbeats, beat),
         drain,
+        own_probes,
     } = relay;
     let role = engine.role();
     let epoll = match register(&listener, &mailbox, &stop) {
@@ -223,7 +227,7 @@ pub fn run(relay: Relay) {
                         let read = receive(l, &mut batch).unwrap_or(0);
                         let now = Instant::now();
                         for (packet, from) in batch.with_senders() {
-                            if let Some(from) = from {
+                            if let Some(from) = from.filter(|&f| !own_probes.sent(f)) {
                                 engine.handle_query(now, Client::Udp(from), packet);
                             }
                         }

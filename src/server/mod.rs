@@ -4,6 +4,7 @@
 
 mod prepare;
 mod serve;
+mod standby;
 
 use std::future::Future;
 
@@ -16,17 +17,50 @@ pub fn run<F: Future<Output = ()>>(
     config: Config,
     shutdown: impl FnOnce() -> Result<F, String>,
 ) -> Result<(), String> {
-    let prepared = tokio::runtime::Builder::new_current_thread()
+    let startup = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the start-up runtime: {e}"))?
-        .block_on(prepare::prepare(&config))?;
+        .map_err(|e| format!("cannot start the start-up runtime: {e}"))?;
+    // Before a single socket of ours joins LocalDNS's ports.
+    let localdns_serves = startup.block_on(standby::localdns_serves(&config));
+    if localdns_serves && !config.standby {
+        if standby::localdns_stopping() {
+            tracing::info!("LocalDNS answers, but is being stopped; taking over");
+        } else {
+            tracing::info!("LocalDNS answers on both listeners; not taking over");
+            // A clean end of the start: the unit is not `failed` and nothing restarts it.
+            let notifier = crate::systemd::Notifier::from_env();
+            notifier.notify("READY=1");
+            notifier.notify("STOPPING=1");
+            return Ok(());
+        }
+    }
+    let prepared = startup.block_on(prepare::prepare(&config))?;
+    drop(startup);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async {
         let shutdown = shutdown()?;
-        serve::serve(config, prepared, shutdown).await
+        serve::serve(config, prepared, localdns_serves, shutdown).await
     })
+}
+
+/// Removes the listener addresses the fallback puts on `lo` (the units' ExecStopPost, which runs
+/// also after a kill, and needs no file of either wiring). An address on which a socket still
+/// listens stays: that is the standby serving (it takes them off itself when it hands back), or
+/// LocalDNS, which has its own link and for which they do no harm.
+pub fn release_addresses(config: &Config) -> Result<(), String> {
+    let [node, cluster] = [config.node_listen, config.cluster_listen];
+    let idle: Vec<std::net::IpAddr> = prepare::link_addresses(config)
+        .into_iter()
+        .filter(|ip| {
+            [node, cluster].iter().filter(|l| l.ip() == *ip).all(|&l| {
+                crate::listen::group_members(l, crate::listen::Proto::Udp)
+                    .is_ok_and(|m| m.is_empty())
+            })
+        })
+        .collect();
+    crate::link::release_from_loopback(&idle)
 }

@@ -23,7 +23,9 @@ pub struct Prepared {
 /// the drop (its workers and blocking pool would otherwise keep every capability, and so would
 /// the tools they run).
 pub async fn prepare(config: &Config) -> Result<Prepared, String> {
-    if config.link_setup {
+    // On standby the addresses go on lo only when we take the flows (see `standby`): while
+    // LocalDNS serves they are its link's alone.
+    if config.link_setup && !config.standby {
         set_up_link(config)?;
     }
     let metrics = match config.metrics {
@@ -65,12 +67,16 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
             .iter()
             .any(|s| matches!(s, Source::Iptables | Source::Nftables | Source::Ipvs));
     // iptables, nft and ipvsadm talk netlink/netfilter (CAP_NET_ADMIN); iptables-legacy also opens
-    // a raw socket (CAP_NET_RAW).
-    let keep: Vec<u32> = if reads_rules {
+    // a raw socket (CAP_NET_RAW). On standby the listener addresses go on and off lo at each
+    // takeover and hand-back (CAP_NET_ADMIN).
+    let mut keep: Vec<u32> = if reads_rules {
         vec![privilege::CAP_NET_ADMIN, privilege::CAP_NET_RAW]
     } else {
         Vec::new()
     };
+    if config.standby && config.link_setup && !keep.contains(&privilege::CAP_NET_ADMIN) {
+        keep.push(privilege::CAP_NET_ADMIN);
+    }
     match privilege::keep_only(&keep) {
         Ok(()) => tracing::info!(kept = ?privilege::names(&keep), "dropped every other capability"),
         Err(e) => tracing::warn!("{e}; running with the capabilities it was started with"),

@@ -11,12 +11,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinHandle};
 
 use super::prepare::Prepared;
+use super::standby;
 use crate::cache::{Cache, KeyHasher};
 use crate::cli::Config;
 use crate::discover::follow;
 use crate::engine::{self, Engine};
 use crate::listen::{Bound, Held};
 use crate::mailbox::Mailbox;
+use crate::probe::{OwnProbes, Prober};
 use crate::relay::{self, Relay, Stop};
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::stats::{Counters, Totals};
@@ -39,13 +41,38 @@ const MAX_TCP_EXCHANGES: usize = 256;
 /// How often a summary line is logged (and systemd's STATUS= refreshed) while serving.
 const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
+/// Serves until `shutdown`. With `--standby`, the flows go to LocalDNS while it answers (it did at
+/// start if `localdns_serves`), and to us while it does not.
 pub async fn serve(
     config: Config,
     prepared: Prepared,
+    localdns_serves: bool,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
-    let running = Running::start(config, prepared).await?;
-    shutdown.await;
+    if !config.standby {
+        let running = Running::start(config, prepared, Arc::default()).await?;
+        shutdown.await;
+        running.stop().await;
+        return Ok(());
+    }
+    let prober = Prober::new(&standby::probed(&config), rand::random())
+        .map_err(|e| format!("cannot make the standby's probe sockets: {e}"))?;
+    let own = Arc::new(OwnProbes::new(prober.ports(), &standby::probed(&config)));
+    if localdns_serves {
+        // Bound a moment ago with the steering on us: LocalDNS gets its flows back before
+        // anything else starts (discovery's first look alone can take seconds).
+        for bound in [&prepared.node, &prepared.cluster] {
+            if let Ok(h) = Held::new(bound) {
+                h.hand_over();
+            }
+        }
+        tracing::info!("LocalDNS answers on both listeners; standing by");
+    }
+    let running = Running::start(config, prepared, own).await?;
+    tokio::select! {
+        () = shutdown => {}
+        () = standby::stand_by(prober, running.held.clone(), running.config.clone(), localdns_serves) => {}
+    }
     running.stop().await;
     Ok(())
 }
@@ -86,6 +113,7 @@ struct Shared<'a> {
     relay_stop: &'a Arc<Stop>,
     stop_rx: &'a watch::Receiver<bool>,
     drain_tx: &'a mpsc::Sender<()>,
+    own_probes: &'a Arc<OwnProbes>,
 }
 
 /// One listener, started: its hold on the steering, its relay threads and its TCP task.
@@ -99,7 +127,11 @@ impl Running {
     /// Starts discovery (waiting up to `FIRST_LOOK` for its first look), both listeners' relay
     /// threads and TCP tasks, then the status line, metrics, the watchdog and the steering's
     /// follower, and tells systemd we are ready.
-    async fn start(config: Config, prepared: Prepared) -> Result<Running, String> {
+    async fn start(
+        config: Config,
+        prepared: Prepared,
+        own_probes: Arc<OwnProbes>,
+    ) -> Result<Running, String> {
         let config = Arc::new(config);
         let counters = Counters::new(std::time::SystemTime::now());
         let Prepared {
@@ -165,6 +197,7 @@ impl Running {
             relay_stop: &relay_stop,
             stop_rx: &stop_rx,
             drain_tx: &drain_tx,
+            own_probes: &own_probes,
         };
         let mut relay_threads = Vec::new();
         let mut held = Vec::new();
@@ -189,7 +222,12 @@ impl Running {
             metrics_listener,
         );
         let held = Arc::new(Mutex::new(held));
-        let following = tokio::spawn(follow_steering(held.clone())).abort_handle();
+        // On standby, the steering follows LocalDNS's answers instead (see `standby`).
+        let following = if config.standby {
+            tokio::spawn(std::future::pending::<()>()).abort_handle()
+        } else {
+            tokio::spawn(follow_steering(held.clone())).abort_handle()
+        };
         Ok(Running {
             config,
             notifier,
@@ -393,6 +431,7 @@ fn start_listener(
             stop: shared.relay_stop.clone(),
             heartbeat: (shared.heartbeats.clone(), index * threads + t),
             drain: DRAIN,
+            own_probes: shared.own_probes.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("relay-{}-{t}", role.name()))

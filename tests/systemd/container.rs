@@ -141,9 +141,32 @@ pub(crate) struct Container {
     pub(crate) reaper: Option<Child>,
 }
 
-/// Options for [`Container::boot`] (none yet).
-#[derive(Default)]
-pub(crate) struct Boot {}
+/// Options for [`Container::boot`]: which wiring starts the fallback, and whether the standby unit
+/// runs beside LocalDNS.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Boot {
+    pub(crate) wiring: Wiring,
+    pub(crate) standby: bool,
+}
+
+/// What starts localdns-fallback.service: our drop-in on localdns.service, or the node image's
+/// two lines (`OnFailure=` and an `ExecStartPre=` that stops it).
+#[derive(Default, Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Wiring {
+    #[default]
+    DropIn,
+    OnFailure,
+}
+
+impl Boot {
+    pub(crate) fn label(&self) -> String {
+        let wiring = match self.wiring {
+            Wiring::DropIn => "drop-in",
+            Wiring::OnFailure => "on-failure",
+        };
+        format!("{wiring}{}", if self.standby { " + standby" } else { "" })
+    }
+}
 
 impl Container {
     /// Boots `suite` with systemd-nspawn, installs the stand-ins and our units inside
@@ -275,8 +298,12 @@ impl Container {
                 }
             },
         );
-        let Boot {} = opts;
-        c.ok("/opt/test/setup.sh");
+        let wiring = match opts.wiring {
+            Wiring::DropIn => "drop-in",
+            Wiring::OnFailure => "on-failure",
+        };
+        let standby = if opts.standby { "standby" } else { "" };
+        c.ok(&format!("/opt/test/setup.sh {wiring} {standby}"));
         c.expect_answers(Who::LocalDns, "the stand-in LocalDNS serves after boot");
         c
     }
@@ -366,7 +393,7 @@ impl Container {
     /// Panics with `msg`, the state of the units and the tail of the container's journal.
     pub(crate) fn fail(&self, msg: &str) -> ! {
         let status = self.exec(
-            "systemctl status --no-pager -n 0 localdns.service localdns-fallback.service; \
+            "systemctl status --no-pager -n 0 localdns.service localdns-fallback.service localdns-fallback-standby.service; ip -br addr show dev lo; \
              ip -br addr show dev localdns",
         );
         let journal = self.exec("journalctl --no-pager -q -o short-monotonic -n 80");
@@ -432,6 +459,18 @@ impl Container {
                 "{why}: listener addresses on lo should be {}: {out}",
                 if expected { "present" } else { "gone" }
             ));
+        }
+    }
+
+    /// Neither of our units is `failed` (and LocalDNS is not either unless `why` is a storm).
+    pub(crate) fn assert_no_unit_failed(&self, why: &str) {
+        for unit in [
+            "localdns-fallback.service",
+            "localdns-fallback-standby.service",
+        ] {
+            if self.is_failed(unit) {
+                self.fail(&format!("{why}: {unit} is failed"));
+            }
         }
     }
 

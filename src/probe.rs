@@ -1,0 +1,230 @@
+//! LocalDNS's own question, asked of both listener addresses: is LocalDNS serving?
+//!
+//! LocalDNS's probe and watchdog ask `health-check.localdns.local` on 169.254.10.10 and .11 and
+//! count any reply as alive; so do we, so that we and LocalDNS's own unit agree on what serving
+//! means. A start of the fallback (by hand, by `OnFailure=`, by a path unit) uses it to stand
+//! down beside a LocalDNS that serves, and the standby mode asks it every [`EVERY`] to notice a
+//! LocalDNS that is alive but silent (hung, starved, deadlocked) within half a second.
+//!
+//! Each address gets its own connected socket, kept for the life of the prober: an address that
+//! nothing listens on answers with ICMP port unreachable, which a connected socket reports at
+//! once (a dead LocalDNS is noticed in well under a millisecond); its local port is fixed, so the
+//! forwarder can tell these probes apart from pods' queries and never answer them itself (while
+//! we serve, LocalDNS's health must be asked of LocalDNS).
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use tokio::net::UdpSocket;
+use tokio::time::Instant;
+
+use crate::engine::route::HEALTH_CHECK;
+
+/// How often the standby mode asks: often enough that two misses in a row fit in 500 ms with
+/// room for the takeover itself, rare enough to cost nothing (about 17 small packets a second).
+pub const EVERY: Duration = Duration::from_millis(120);
+/// How long one round waits for both replies. LocalDNS answers its probe name from memory, in
+/// well under a millisecond; a LocalDNS that has not answered in this long is not serving pods.
+pub const WAIT: Duration = Duration::from_millis(120);
+
+/// The source addresses of our own prober's questions, as the relay sees them arrive: one of its
+/// ports, from an address of this host (a listener address, or loopback). A pod's query comes
+/// from the pod's own address, so it is never taken for ours.
+#[derive(Debug, Default)]
+pub struct OwnProbes {
+    ports: Vec<u16>,
+    hosts: Vec<IpAddr>,
+}
+
+impl OwnProbes {
+    pub fn new(ports: Vec<u16>, listeners: &[SocketAddr]) -> OwnProbes {
+        OwnProbes {
+            ports,
+            hosts: listeners.iter().map(SocketAddr::ip).collect(),
+        }
+    }
+
+    /// Did our prober send a datagram that came from `from`?
+    pub fn sent(&self, from: SocketAddr) -> bool {
+        !self.ports.is_empty()
+            && self.ports.contains(&from.port())
+            && (from.ip().is_loopback() || self.hosts.contains(&from.ip()))
+    }
+}
+
+pub struct Prober {
+    sockets: Vec<(SocketAddr, UdpSocket)>,
+    id: u16,
+    query: Vec<u8>,
+}
+
+/// What one round of questions found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// Every address answered.
+    Serving,
+    /// At least one address gave no reply within the wait (or refused, or was unreachable).
+    Silent,
+}
+
+impl Prober {
+    /// A socket per address in `to`. Fails only when no socket can be made at all.
+    pub fn new(to: &[SocketAddr], id_seed: u16) -> io::Result<Prober> {
+        let mut sockets = Vec::with_capacity(to.len());
+        for &addr in to {
+            let any: SocketAddr = match addr.ip() {
+                IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+                IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+            };
+            let std_socket = std::net::UdpSocket::bind(any)?;
+            std_socket.set_nonblocking(true)?;
+            sockets.push((addr, UdpSocket::from_std(std_socket)?));
+        }
+        let mut query = Vec::with_capacity(12 + HEALTH_CHECK.len() + 4);
+        // ID (set per round), RD, one question.
+        query.extend_from_slice(&[0, 0, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+        query.extend_from_slice(HEALTH_CHECK);
+        query.extend_from_slice(&[0, 1, 0, 1]);
+        Ok(Prober {
+            sockets,
+            id: id_seed,
+            query,
+        })
+    }
+
+    /// The local ports our questions come from: the forwarder drops queries from these ports to
+    /// its own listeners, so that a probe that reaches our socket (LocalDNS not bound at all)
+    /// finds silence, not our answer.
+    pub fn ports(&self) -> Vec<u16> {
+        self.sockets
+            .iter()
+            .filter_map(|(_, s)| s.local_addr().ok().map(|a| a.port()))
+            .collect()
+    }
+
+    /// One round: asks every address at once and waits at most `wait` for all the replies.
+    pub async fn ask(&mut self, wait: Duration) -> Seen {
+        self.id = self.id.wrapping_add(1);
+        self.query[..2].copy_from_slice(&self.id.to_be_bytes());
+        let deadline = Instant::now() + wait;
+        for (addr, socket) in &self.sockets {
+            // Connecting again each round: an address that came or went (LocalDNS deletes and
+            // recreates its link) is routed afresh, and stale replies of other rounds are dropped
+            // by the ID check below.
+            if socket.connect(*addr).await.is_err() || socket.send(&self.query).await.is_err() {
+                return Seen::Silent;
+            }
+        }
+        let mut buf = [0u8; 512];
+        for (_, socket) in &self.sockets {
+            loop {
+                match tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
+                    Err(_) | Ok(Err(_)) => return Seen::Silent,
+                    // A reply (QR set) to this round's question; any RCODE counts.
+                    Ok(Ok(n))
+                        if n >= 12 && buf[..2] == self.id.to_be_bytes() && buf[2] & 0x80 != 0 =>
+                    {
+                        break;
+                    }
+                    Ok(Ok(_)) => continue,
+                }
+            }
+        }
+        Seen::Serving
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A responder on loopback that answers the first `answers` questions with an empty NOERROR
+    /// reply carrying the question's ID, and ignores the rest.
+    fn responder(answers: usize) -> SocketAddr {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = s.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            for _ in 0..answers {
+                let Ok((n, from)) = s.recv_from(&mut buf) else {
+                    return;
+                };
+                buf[2] |= 0x80;
+                let _ = s.send_to(&buf[..n], from);
+            }
+            // Silent from now on, but still bound: a hung server, not a closed port.
+            std::thread::sleep(Duration::from_secs(5));
+        });
+        addr
+    }
+
+    #[test]
+    fn serving_needs_a_reply_from_every_address() {
+        runtime().block_on(async {
+            let (a, b) = (responder(10), responder(10));
+            let mut p = Prober::new(&[a, b], 7).unwrap();
+            assert_eq!(p.ask(Duration::from_millis(500)).await, Seen::Serving);
+            assert_eq!(p.ask(Duration::from_millis(500)).await, Seen::Serving);
+            let silent = responder(0);
+            let mut p = Prober::new(&[a, silent], 9).unwrap();
+            assert_eq!(p.ask(Duration::from_millis(200)).await, Seen::Silent);
+        });
+    }
+
+    #[test]
+    fn a_closed_port_is_silent_at_once_and_a_hung_server_after_the_wait() {
+        runtime().block_on(async {
+            let closed = {
+                let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                s.local_addr().unwrap()
+            };
+            let mut p = Prober::new(&[closed], 1).unwrap();
+            let started = std::time::Instant::now();
+            assert_eq!(p.ask(Duration::from_secs(3)).await, Seen::Silent);
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "a closed port waited"
+            );
+            let hung = responder(1);
+            let mut p = Prober::new(&[hung], 1).unwrap();
+            assert_eq!(p.ask(Duration::from_millis(500)).await, Seen::Serving);
+            let started = std::time::Instant::now();
+            assert_eq!(p.ask(Duration::from_millis(150)).await, Seen::Silent);
+            assert!(started.elapsed() >= Duration::from_millis(150));
+        });
+    }
+
+    #[test]
+    fn own_probes_are_told_by_port_and_a_host_address() {
+        let listeners: [SocketAddr; 2] = [
+            "169.254.10.10:53".parse().unwrap(),
+            "169.254.10.11:53".parse().unwrap(),
+        ];
+        let own = OwnProbes::new(vec![40001, 40002], &listeners);
+        assert!(own.sent("169.254.10.10:40001".parse().unwrap()));
+        assert!(own.sent("127.0.0.1:40002".parse().unwrap()));
+        // A pod that happens to use the same source port is a pod.
+        assert!(!own.sent("10.244.1.7:40001".parse().unwrap()));
+        assert!(!own.sent("169.254.10.11:40003".parse().unwrap()));
+        assert!(!OwnProbes::default().sent("127.0.0.1:40001".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_question_is_localdns_own_probe_name() {
+        runtime().block_on(async {
+            let p = Prober::new(&["127.0.0.1:53".parse().unwrap()], 0).unwrap();
+            let q = crate::wire::parse_query(&p.query).expect("a well-formed query");
+            assert_eq!(q.qtype, 1);
+            assert_eq!(&p.query[12..12 + HEALTH_CHECK.len()], HEALTH_CHECK);
+            assert_eq!(p.ports().len(), 1);
+        });
+    }
+}

@@ -1,0 +1,186 @@
+//! Never displacing a LocalDNS that serves, and the standby mode.
+//!
+//! Whoever starts the fallback (`OnFailure=`, the drop-in, a path unit, an operator by hand), it
+//! first asks LocalDNS's probe name on both listeners ([`localdns_serves`]): a LocalDNS that
+//! answers is left alone. Without `--standby` the start ends there, cleanly (READY=1, then exit
+//! 0: the unit is not `failed`). With `--standby` the daemon binds and serves as usual, but its
+//! steering points at LocalDNS's sockets while LocalDNS answers; [`stand_by`] keeps asking, takes
+//! the flows after two silent rounds (within 0.5 s of LocalDNS going silent) and hands them back
+//! after two answered ones. Its own questions reach LocalDNS's sockets even while we hold the
+//! flows (the steering program lets them through, and the relay drops any that reach us).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use crate::cli::Config;
+use crate::link;
+use crate::listen::Held;
+use crate::probe::{self, Prober, Seen};
+
+/// Written by the drop-in wiring's script while LocalDNS is being stopped for a restart: it
+/// starts the fallback beside a LocalDNS that still answers, to take over before it goes.
+pub const LOCALDNS_STOPPING: &str = "/run/localdns-handoff/stopping";
+
+/// Rounds in a row that decide: two silent ones take the flows, two answered ones give them back
+/// (one lost reply under load moves nothing).
+const ROUNDS_TO_ACT: u32 = 2;
+
+/// Does LocalDNS answer its probe name on both listeners? Asked twice at most (a reply lost once
+/// does not make a serving LocalDNS silent). Nothing answers a listener on port 0 (tests).
+pub async fn localdns_serves(config: &Config) -> bool {
+    let listeners = [config.node_listen, config.cluster_listen];
+    if listeners.iter().any(|l| l.port() == 0) {
+        return false;
+    }
+    let Ok(mut prober) = Prober::new(&listeners, rand::random()) else {
+        return false;
+    };
+    for _ in 0..ROUNDS_TO_ACT {
+        if prober.ask(probe::WAIT).await == Seen::Serving {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a start that found LocalDNS serving must still take over: the drop-in's script says
+/// LocalDNS is going away.
+pub fn localdns_stopping() -> bool {
+    Path::new(LOCALDNS_STOPPING).exists()
+}
+
+/// Who holds the flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Holder {
+    LocalDns,
+    Us,
+}
+
+/// Runs until dropped: asks LocalDNS every `probe::EVERY` and moves the flows.
+pub async fn stand_by(
+    mut prober: Prober,
+    held: Arc<Mutex<Vec<Held>>>,
+    config: Arc<Config>,
+    initially: bool,
+) {
+    let mut holder = if initially {
+        Holder::LocalDns
+    } else {
+        Holder::Us
+    };
+    if holder == Holder::Us {
+        take(&held, &config, "LocalDNS does not answer");
+    }
+    let (mut silent, mut answered) = (0u32, 0u32);
+    // LocalDNS answers but is not in our groups: said once, not every round.
+    let mut said_stuck = false;
+    let mut next = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep_until(next).await;
+        let started = tokio::time::Instant::now();
+        next = started + probe::EVERY;
+        match prober.ask(probe::WAIT).await {
+            Seen::Serving => {
+                silent = 0;
+                answered += 1;
+                if holder == Holder::Us && answered >= ROUNDS_TO_ACT {
+                    if give_back(&held, &config) {
+                        holder = Holder::LocalDns;
+                        said_stuck = false;
+                    } else if !said_stuck {
+                        tracing::warn!(
+                            "LocalDNS answers, but has no socket in our ports' groups; serving on"
+                        );
+                        said_stuck = true;
+                    }
+                }
+            }
+            Seen::Silent => {
+                answered = 0;
+                silent += 1;
+                if holder == Holder::LocalDns && !addresses_local(&config) {
+                    // LocalDNS deleted its link (a stop, a failure its script saw): nothing can
+                    // answer there until the addresses are back, so no second round is needed.
+                    take(
+                        &held,
+                        &config,
+                        "the listener addresses are gone with LocalDNS's link",
+                    );
+                    holder = Holder::Us;
+                } else if holder == Holder::LocalDns && silent >= ROUNDS_TO_ACT {
+                    take(&held, &config, "LocalDNS stopped answering its probe");
+                    holder = Holder::Us;
+                } else if holder == Holder::LocalDns {
+                    // Asked again at once: the takeover is due within 0.5 s of the silence.
+                    next = tokio::time::Instant::now();
+                } else if silent % 4 == 0 {
+                    // While we serve, a LocalDNS that joined the ports since we took them is
+                    // asked only once the steering knows it is there; and the addresses go back
+                    // on lo if something took them off (a stop of localdns-fallback.service
+                    // beside us runs its release).
+                    take(&held, &config, "");
+                }
+            }
+        }
+    }
+}
+
+fn take(held: &Mutex<Vec<Held>>, config: &Config, why: &str) {
+    if config.link_setup {
+        match link::claim_on_loopback(&super::prepare::link_addresses(config)) {
+            Ok(outcome) if why.is_empty() && !outcome.added.is_empty() => {
+                tracing::info!(added = ?outcome.added, "listener addresses were gone from lo; put back")
+            }
+            Ok(outcome) => tracing::debug!(added = ?outcome.added, "listener addresses on lo"),
+            Err(e) => tracing::warn!("cannot put the listener addresses on lo: {e}"),
+        }
+    }
+    refresh(held);
+    if !why.is_empty() {
+        tracing::info!("{why}; serving its listeners");
+    }
+}
+
+fn refresh(held: &Mutex<Vec<Held>>) {
+    for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+        h.take();
+    }
+}
+
+/// True once new flows go to LocalDNS; false if it has no socket in our ports' groups (then we
+/// keep serving, and the listener addresses stay on lo).
+fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
+    // Every listener hands over (no short cut).
+    let handed: Vec<bool> = held
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(Held::hand_over)
+        .collect();
+    let handed = handed.iter().all(|&h| h);
+    if !handed {
+        refresh(held);
+        return false;
+    }
+    if config.link_setup {
+        if let Err(e) = link::release_from_loopback(&super::prepare::link_addresses(config)) {
+            tracing::warn!("cannot take the listener addresses off lo: {e}");
+        }
+    }
+    tracing::info!("LocalDNS answers again; new flows go to it");
+    true
+}
+
+/// Are the listener addresses on an interface of this host? Binding a socket to an address that
+/// is not (without IP_FREEBIND) fails; nothing is sent.
+fn addresses_local(config: &Config) -> bool {
+    probed(config)
+        .iter()
+        .all(|l| std::net::UdpSocket::bind(SocketAddr::new(l.ip(), 0)).is_ok())
+}
+
+/// The addresses the prober asks.
+pub fn probed(config: &Config) -> [SocketAddr; 2] {
+    [config.node_listen, config.cluster_listen]
+}

@@ -1,0 +1,304 @@
+//! The fallback beside a LocalDNS that serves, in network namespaces: a start (by hand, by
+//! `OnFailure=`, by anything) never takes a flow from it and ends cleanly; the standby mode stays
+//! beside it, takes the flows within 0.5 s of LocalDNS going silent (bound and alive, answering
+//! nothing: a hung CoreDNS) and gives them back within 1 s of its answering again.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::*;
+use hickory_proto::rr::RecordType;
+use nix::sys::signal::Signal;
+use socket2::{Domain, Protocol, Socket, Type};
+
+const NODE: &str = "169.254.10.10:53";
+const CLUSTER: &str = "169.254.10.11:53";
+
+/// A LocalDNS stand-in in `ns`: UDP and TCP on both listeners with SO_REUSEPORT, as CoreDNS binds
+/// them, answering every UDP query with an empty NOERROR reply (no record: a reply says who gave
+/// it) unless `hung`, when it reads nothing and its sockets fill, as a stopped CoreDNS's do.
+struct LocalDns {
+    stop: Arc<AtomicBool>,
+    hung: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl LocalDns {
+    fn start(ns: &Netns) -> LocalDns {
+        let stop = Arc::new(AtomicBool::new(false));
+        let hung = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for l in [NODE, CLUSTER] {
+            let addr: SocketAddr = l.parse().unwrap();
+            let (udp, tcp) = ns.enter(|| {
+                let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+                udp.set_reuse_port(true).unwrap();
+                udp.bind(&addr.into()).unwrap();
+                let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+                tcp.set_reuse_port(true).unwrap();
+                tcp.set_reuse_address(true).unwrap();
+                tcp.bind(&addr.into()).unwrap();
+                tcp.listen(16).unwrap();
+                (UdpSocket::from(udp), tcp)
+            });
+            let (stop, hung) = (stop.clone(), hung.clone());
+            threads.push(std::thread::spawn(move || {
+                let _tcp = tcp;
+                udp.set_read_timeout(Some(Duration::from_millis(5)))
+                    .unwrap();
+                let mut buf = [0u8; 512];
+                while !stop.load(Ordering::Relaxed) {
+                    if hung.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    if let Ok((n, from)) = udp.recv_from(&mut buf) {
+                        if n >= 12 {
+                            buf[2] |= 0x80;
+                            let _ = udp.send_to(&buf[..n], from);
+                        }
+                    }
+                }
+            }));
+        }
+        LocalDns {
+            stop,
+            hung,
+            threads,
+        }
+    }
+}
+
+impl Drop for LocalDns {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Who {
+    LocalDns,
+    Fallback,
+    Nobody,
+}
+
+/// What a pod sees: queries from new sockets (new flows) to both listeners every 5 ms, each
+/// waiting up to 100 ms, for `how_long`. Each sample: when it was sent and who answered.
+fn ask_for(ns: &Netns, how_long: Duration) -> JoinHandle<Vec<(Instant, Who)>> {
+    let at = Place::from(ns);
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let mut askers = Vec::new();
+        let mut id = 0u16;
+        while started.elapsed() < how_long {
+            for to in [NODE, CLUSTER] {
+                id = id.wrapping_add(1);
+                let query = make_query("a.example.", RecordType::A, id, None);
+                let at = at.clone();
+                let sent = Instant::now();
+                askers.push(std::thread::spawn(move || {
+                    let to: SocketAddr = to.parse().unwrap();
+                    let who = match udp_exchange(at, to, &query, Duration::from_millis(100)) {
+                        // The upstream answers with a record; LocalDNS's stand-in with none.
+                        Some(r) if r.len() > 7 && r[7] > 0 => Who::Fallback,
+                        Some(_) => Who::LocalDns,
+                        None => Who::Nobody,
+                    };
+                    (sent, who)
+                }));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut samples: Vec<(Instant, Who)> =
+            askers.into_iter().map(|t| t.join().unwrap()).collect();
+        samples.sort_by_key(|s| s.0);
+        samples
+    })
+}
+
+/// A node namespace (listeners on link `localdns`) and one upstream answering 10.0.0.1.
+fn node() -> (Topology, Upstream, Responder) {
+    require_root_and_tools(&["ip"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let r = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Normal {
+            answer_v4: "10.0.0.1".parse().unwrap(),
+        },
+    );
+    (topo, up, r)
+}
+
+fn forwarder_args(up: &Upstream, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--node-upstream",
+        &up.sock_v4().to_string(),
+        "--cluster-upstream",
+        &up.sock_v4().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn listener_addresses_on_lo(ns: &Netns) -> bool {
+    let out = ns.ip("-4 addr show dev lo");
+    out.contains("169.254.10.10") || out.contains("169.254.10.11")
+}
+
+#[test]
+fn a_start_beside_a_serving_localdns_takes_no_flow_and_ends_cleanly() {
+    let (topo, up, _r) = node();
+    let _localdns = LocalDns::start(&topo.node);
+    let asking = ask_for(&topo.node, Duration::from_millis(800));
+    std::thread::sleep(Duration::from_millis(100));
+    let f = Forwarder::spawn(&topo.node, &forwarder_args(&up, &[]));
+    let status = f
+        .wait_exit(Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("still running beside a serving LocalDNS:\n{}", f.logs()));
+    let samples = asking.join().unwrap();
+    let logs = f.logs();
+    assert!(status.success(), "{status}:\n{logs}");
+    assert!(
+        logs.contains("LocalDNS answers on both listeners; not taking over"),
+        "{logs}"
+    );
+    let taken = samples.iter().filter(|s| s.1 == Who::Fallback).count();
+    let lost = samples.iter().filter(|s| s.1 == Who::Nobody).count();
+    eprintln!(
+        "{} queries while the fallback started: {taken} answered by it, {lost} lost",
+        samples.len()
+    );
+    assert_eq!((taken, lost), (0, 0), "flows taken from a serving LocalDNS");
+    assert!(
+        !listener_addresses_on_lo(&topo.node),
+        "addresses left on lo"
+    );
+}
+
+#[test]
+fn standby_takes_a_silent_localdns_flows_within_half_a_second_and_gives_them_back() {
+    let (topo, up, _r) = node();
+    let localdns = LocalDns::start(&topo.node);
+    let f = Forwarder::spawn(&topo.node, &forwarder_args(&up, &["--standby"]));
+    assert!(
+        f.wait_for_log("standing by", Duration::from_secs(10)),
+        "{}",
+        f.logs()
+    );
+    // Beside a LocalDNS that answers, the standby takes nothing.
+    let healthy = ask_for(&topo.node, Duration::from_millis(500))
+        .join()
+        .unwrap();
+    let taken = healthy.iter().filter(|s| s.1 != Who::LocalDns).count();
+    assert_eq!(
+        taken,
+        0,
+        "the standby took flows from a serving LocalDNS:\n{}",
+        f.logs()
+    );
+    assert!(
+        !listener_addresses_on_lo(&topo.node),
+        "addresses on lo while standing by"
+    );
+
+    // LocalDNS goes silent.
+    let asking = ask_for(&topo.node, Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(200));
+    let silent_at = Instant::now();
+    localdns.hung.store(true, Ordering::Relaxed);
+    let samples = asking.join().unwrap();
+    // Dark: from the silence to the first query after which every query is answered.
+    let last_unanswered = samples
+        .iter()
+        .filter(|s| s.0 >= silent_at && s.1 == Who::Nobody)
+        .map(|s| s.0)
+        .max();
+    let dark = last_unanswered.map_or(Duration::ZERO, |t| t - silent_at);
+    let by_fallback = samples.iter().filter(|s| s.1 == Who::Fallback).count();
+    eprintln!(
+        "LocalDNS silent: dark {dark:?}, then {by_fallback} of {} queries answered by the standby",
+        samples.len()
+    );
+    assert!(by_fallback > 0, "{}", f.logs());
+    assert!(
+        dark <= Duration::from_millis(500),
+        "pods dark {dark:?} after LocalDNS went silent:\n{}",
+        f.logs()
+    );
+    assert!(
+        listener_addresses_on_lo(&topo.node),
+        "serving without the addresses on lo"
+    );
+
+    // LocalDNS answers again.
+    let asking = ask_for(&topo.node, Duration::from_millis(1800));
+    std::thread::sleep(Duration::from_millis(200));
+    let back_at = Instant::now();
+    localdns.hung.store(false, Ordering::Relaxed);
+    let samples = asking.join().unwrap();
+    let last_not_localdns = samples
+        .iter()
+        .filter(|s| s.0 >= back_at && s.1 != Who::LocalDns)
+        .map(|s| s.0)
+        .max();
+    let back = last_not_localdns.map_or(Duration::ZERO, |t| t - back_at);
+    let lost = samples.iter().filter(|s| s.1 == Who::Nobody).count();
+    eprintln!(
+        "LocalDNS back: every query its own after {back:?}; {lost} lost across the hand-back"
+    );
+    assert!(
+        back <= Duration::from_secs(1),
+        "LocalDNS had every flow again only after {back:?}:\n{}",
+        f.logs()
+    );
+    assert_eq!(lost, 0, "queries lost across the hand-back:\n{}", f.logs());
+    assert!(
+        !listener_addresses_on_lo(&topo.node),
+        "addresses left on lo after the hand-back"
+    );
+    let logs = f.logs();
+    assert!(
+        logs.contains("LocalDNS stopped answering its probe; serving its listeners"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("LocalDNS answers again; new flows go to it"),
+        "{logs}"
+    );
+
+    // A standby that is stopped ends cleanly.
+    f.signal(Signal::SIGTERM);
+    let status = f.wait_exit(Duration::from_secs(5)).expect("exits");
+    assert!(status.success(), "{status}:\n{}", f.logs());
+}
+
+#[test]
+fn standby_serves_at_once_where_no_localdns_is_bound() {
+    let (topo, up, _r) = node();
+    let f = Forwarder::spawn(&topo.node, &forwarder_args(&up, &["--standby"]));
+    f.wait_ready(&topo.node, NODE.parse().unwrap(), Duration::from_secs(10));
+    let r = dig(&topo.node, &["@169.254.10.11", "a.example.", "A"]);
+    assert_eq!(r.answers, ["10.0.0.1"], "{}\n{}", r.raw, f.logs());
+    assert!(
+        f.logs()
+            .contains("LocalDNS does not answer; serving its listeners"),
+        "{}",
+        f.logs()
+    );
+    f.signal(Signal::SIGTERM);
+    let status = f.wait_exit(Duration::from_secs(5)).expect("exits");
+    assert!(status.success(), "{status}:\n{}", f.logs());
+}

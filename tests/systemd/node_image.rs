@@ -1,0 +1,204 @@
+//! The node image's own wiring: localdns.service carries `OnFailure=localdns-fallback.service` and
+//! `ExecStartPre=-/usr/bin/systemctl stop localdns-fallback.service`, and nothing else of ours
+//! (tests/systemd/node-image-wiring.conf; `units/install.sh --wiring on-failure`). Alone, and with
+//! the standby unit beside LocalDNS. Dark time per phase, median and worst over runs, is printed
+//! and written to `target/tmp/systemd-node-image-<suite>-<wiring>.md`.
+
+use super::*;
+
+/// Phases of LocalDNS's lifecycle as pods see them under the node image's wiring: a start by hand
+/// on a healthy node (must take no flow and leave no unit failed), then per run one crash that
+/// LocalDNS restarts from by itself, a crash storm to the terminal failure, the recovery
+/// (reset-failed + start), `systemctl restart localdns` and, with the standby unit, a LocalDNS
+/// that hangs (SIGSTOP) and comes back (SIGCONT).
+pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
+    let boot = Boot {
+        wiring: Wiring::OnFailure,
+        standby,
+    };
+    let mut c = Container::boot(suite, boot);
+    let label = format!("{}, {}", suite.label(), boot.label());
+    let mut w = Windows::default();
+    let record = |w: &mut Windows, phase: &str, samples: &[ProbeSample]| -> [(f64, usize); 3] {
+        let d = dark_time(samples);
+        for (t, (dark, failed)) in d.iter().enumerate() {
+            w.add(&format!("{phase}: dark {} (ms)", PROBE_LABELS[t]), *dark);
+            w.add(
+                &format!("{phase}: failed probes {}", PROBE_LABELS[t]),
+                *failed as f64,
+            );
+        }
+        d
+    };
+
+    // 0. A start by hand on a healthy node: the binary finds LocalDNS answering its probe name on
+    // both addresses and ends at once, cleanly; not one flow is taken from LocalDNS.
+    let p = Prober::start(&c, "hand-start");
+    let cursor = c.cursor();
+    let start = c.exec("systemctl start localdns-fallback.service");
+    if !start.status.success() {
+        c.fail(&format!(
+            "`systemctl start localdns-fallback` on a healthy node failed: {}",
+            String::from_utf8_lossy(&start.stderr)
+        ));
+    }
+    c.wait_until(
+        "the hand-started fallback to end",
+        Duration::from_secs(10),
+        |c| {
+            !matches!(
+                c.show("localdns-fallback.service", "ActiveState").as_str(),
+                "active" | "activating" | "deactivating"
+            )
+        },
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let samples = p.finish();
+    let taken = samples.iter().filter(|s| s.who == Who::Fallback).count();
+    let lost = dark_time(&samples);
+    let journal = c.journal_since(&cursor);
+    if taken > 0 || lost.iter().any(|&(_, failed)| failed > 0) {
+        c.fail(&format!(
+            "a start by hand on a healthy node took {taken} probes from LocalDNS (failed probes {lost:?}):\n{journal}"
+        ));
+    }
+    if !journal.contains("LocalDNS answers on both listeners; not taking over") {
+        c.fail(&format!(
+            "the hand-started fallback did not say why it stood down:\n{journal}"
+        ));
+    }
+    c.assert_no_unit_failed("after a start by hand on a healthy node");
+    if !standby {
+        c.assert_listener_addresses_on_lo(false, "after a start by hand on a healthy node");
+    }
+    eprintln!("[{label}] a start by hand on a healthy node took no flow and ended cleanly");
+
+    for run in 1..=runs() {
+        // 1. One crash; LocalDNS restarts by itself.
+        let p = Prober::start(&c, &format!("{run}-crash"));
+        let restarts = c.show_us("localdns.service", "NRestarts");
+        c.coredns_crash();
+        c.wait_until("LocalDNS restarted", Duration::from_secs(20), |c| {
+            c.show_us("localdns.service", "NRestarts") > restarts
+        });
+        wait_settled_on_localdns(&mut c);
+        let crash = record(&mut w, "one crash, restarted", &p.finish());
+        c.assert_no_unit_failed("after one crash");
+
+        // 2. A crash storm to the terminal failure. Counted: how often the fallback was started
+        // (OnFailure= fires on every failed attempt on systemd 257).
+        let p = Prober::start(&c, &format!("{run}-storm"));
+        let cursor = c.cursor();
+        c.set_localdns_failure(Some("crash"));
+        c.coredns_crash();
+        c.wait_until(
+            "localdns.service to reach `failed`",
+            Duration::from_secs(40),
+            |c| c.show("localdns.service", "ActiveState") == "failed",
+        );
+        c.expect_answers(Who::Fallback, "the fallback serves after the storm");
+        std::thread::sleep(Duration::from_millis(1000));
+        let storm = record(&mut w, "storm to failed", &p.finish());
+        let starts = c
+            .journal_since(&cursor)
+            .lines()
+            .filter(|l| l.contains("Starting localdns-fallback.service"))
+            .count();
+        w.add(
+            "storm to failed: starts of localdns-fallback.service",
+            starts as f64,
+        );
+        c.assert_no_unit_failed("after the storm");
+
+        // 3. Recovery as an operator does it; LocalDNS's ExecStartPre= stops the fallback.
+        let p = Prober::start(&c, &format!("{run}-recovery"));
+        c.recover_localdns();
+        wait_settled_on_localdns(&mut c);
+        let recovery = record(&mut w, "recovery (reset-failed + start)", &p.finish());
+        c.assert_no_unit_failed("after the recovery");
+        if !standby {
+            c.assert_listener_addresses_on_lo(false, "after the recovery");
+        }
+
+        // 4. systemctl restart localdns.
+        let p = Prober::start(&c, &format!("{run}-restart"));
+        c.ok("systemctl restart localdns.service");
+        wait_settled_on_localdns(&mut c);
+        let restart = record(&mut w, "systemctl restart", &p.finish());
+        c.assert_no_unit_failed("after the restart");
+
+        // 5. With the standby unit: LocalDNS alive but silent (its server stopped), then back.
+        let hung = if standby {
+            let (dark, back) = hung_localdns(&mut c);
+            w.add("hung LocalDNS (SIGSTOP): dark, worst target (ms)", dark);
+            w.add("hung LocalDNS: SIGCONT → LocalDNS answers all (ms)", back);
+            format!("; hung dark {dark:.0} ms, back {back:.0} ms after SIGCONT")
+        } else {
+            String::new()
+        };
+        let f = |d: [(f64, usize); 3]| {
+            format!(
+                "{:.0}/{:.0}/{:.0} ms ({}/{}/{} failed)",
+                d[0].0, d[1].0, d[2].0, d[0].1, d[1].1, d[2].1
+            )
+        };
+        eprintln!(
+            "[{label}] run {run}, dark .11 cluster/.10 cluster/.10 external: crash {}; storm {} ({starts} fallback starts); recovery {}; restart {}{hung}",
+            f(crash),
+            f(storm),
+            f(recovery),
+            f(restart),
+        );
+    }
+    let summary = w.summary(suite);
+    eprintln!("\n[{label}]\n{summary}");
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "systemd-node-image-{}-{}.md",
+        suite.name(),
+        if standby { "standby" } else { "alone" }
+    ));
+    fs::write(&file, format!("{label}\n\n{summary}")).unwrap();
+    eprintln!("(written to {})", file.display());
+    c.assert_no_unit_failed("at the end");
+    c.assert_listener_addresses_on_lo(false, "LocalDNS serving, at the end");
+}
+
+/// LocalDNS's server is stopped (SIGSTOP: bound, alive, answering nothing) until the standby unit
+/// has taken the flows and a moment more, then continued. Returns the worst target's dark time
+/// (ms) and the time from SIGCONT until every probe is LocalDNS's again (ms). Fails the test when
+/// pods are dark more than 500 ms, or LocalDNS is not serving them again within 1 s.
+fn hung_localdns(c: &mut Container) -> (f64, f64) {
+    let p = Prober::start(c, "hung");
+    c.ok("kill -STOP $(cat /run/localdns-test/coredns.pid)");
+    c.expect_answers(Who::Fallback, "the standby serves a hung LocalDNS");
+    std::thread::sleep(Duration::from_millis(500));
+    let resumed = mono_us();
+    c.ok("kill -CONT $(cat /run/localdns-test/coredns.pid)");
+    c.expect_answers(Who::LocalDns, "LocalDNS serves again after SIGCONT");
+    std::thread::sleep(Duration::from_millis(500));
+    let samples = p.finish();
+    let dark = dark_time(&samples)
+        .iter()
+        .map(|&(d, _)| d)
+        .fold(0.0, f64::max);
+    // From SIGCONT to the answer after which LocalDNS answers every probe.
+    let last_not_localdns = samples
+        .iter()
+        .filter(|s| s.sent >= resumed && s.who != Who::LocalDns)
+        .map(|s| s.done)
+        .max()
+        .unwrap_or(resumed);
+    let back = ms(last_not_localdns.saturating_sub(resumed));
+    if dark > 500.0 {
+        c.fail(&format!(
+            "a hung LocalDNS left pods dark {dark:.0} ms with the standby unit (at most 500 ms)"
+        ));
+    }
+    if back > 1000.0 {
+        c.fail(&format!(
+            "LocalDNS served every probe again only {back:.0} ms after SIGCONT (at most 1 s)"
+        ));
+    }
+    c.assert_no_unit_failed("after a hung LocalDNS");
+    (dark, back)
+}
