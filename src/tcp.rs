@@ -2,14 +2,23 @@
 //! every decision about a query is made by the engine of the relay thread a connection is
 //! assigned to, which they reach through its [`Mailbox`]. The upstream side is in
 //! [`crate::tcp_pool`].
+//!
+//! Connections are capped per listener, and the cap must never lock real clients out: a pod that
+//! opens hundreds of connections and sends nothing would otherwise hold every slot until the idle
+//! timeout, and TCP is where every client goes after a truncated answer. So a new client over the
+//! cap (or one the kernel has no descriptor for) closes the connection that has been idle longest
+//! in its place, as unbound and dnsdist do; only when every connection has a query in flight is
+//! the new one turned away. Past half the cap, a connection that goes idle gets less time, down
+//! to a tenth of `--tcp-idle-timeout` when full.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::engine::ConnId;
@@ -32,12 +41,23 @@ pub struct ClientSide {
     /// The relay threads of this listener; connections are spread over them in turn.
     pub mailboxes: Vec<Arc<Mailbox>>,
     next: AtomicUsize,
-    /// Caps connections: over it a new one is closed at once.
+    /// Caps connections: over it the longest idle one makes room, or the new one is closed.
     connections: Arc<Semaphore>,
+    cap: usize,
     /// A client that does not send a whole query for this long is closed.
     idle: Duration,
     /// How long a closing connection waits for answers to queries it already sent.
     answer_wait: Duration,
+    /// The open connections, and which of them wait for a query, oldest first.
+    open: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    /// Every open connection: since when it has been idle (None: a query is being read or is in
+    /// flight), and how to close it.
+    conns: HashMap<ConnId, (Option<Instant>, Arc<Notify>)>,
+    idle: BTreeSet<(Instant, ConnId)>,
 }
 
 impl ClientSide {
@@ -53,10 +73,119 @@ impl ClientSide {
             mailboxes,
             next: AtomicUsize::new(0),
             connections: Arc::new(Semaphore::new(max_connections)),
+            cap: max_connections,
             idle,
             answer_wait,
+            open: Mutex::default(),
         }
     }
+
+    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn opened(&self, conn: ConnId) -> Arc<Notify> {
+        let close = Arc::new(Notify::new());
+        self.open().conns.insert(conn, (None, close.clone()));
+        close
+    }
+
+    fn closed(&self, conn: ConnId) {
+        let mut open = self.open();
+        if let Some((Some(since), _)) = open.conns.remove(&conn) {
+            open.idle.remove(&(since, conn));
+        }
+    }
+
+    /// `conn` waits for a query from `since` on (Some), or is busy with one (None).
+    fn set_idle(&self, conn: ConnId, since: Option<Instant>) {
+        let mut open = self.open();
+        let Open { conns, idle } = &mut *open;
+        if let Some((was, _)) = conns.get_mut(&conn) {
+            if let Some(old) = was.take() {
+                idle.remove(&(old, conn));
+            }
+            if let Some(now) = since {
+                idle.insert((now, conn));
+            }
+            *was = since;
+        }
+    }
+
+    /// Closes the connection idle the longest; false when none is idle.
+    fn close_longest_idle(&self) -> bool {
+        let mut open = self.open();
+        let Some((since, conn)) = open.idle.pop_first() else {
+            return false;
+        };
+        if let Some((was, close)) = open.conns.get_mut(&conn) {
+            *was = None;
+            // notify_one keeps the wake-up for a task not waiting yet.
+            close.notify_one();
+        }
+        tracing::debug!(conn, idle_for = ?since.elapsed(), "closing the longest idle TCP client for a new one");
+        true
+    }
+
+    /// How long a connection that goes idle now may stay so: the whole `--tcp-idle-timeout` up
+    /// to half the cap in use, then less, down to a tenth when full.
+    fn idle_timeout(&self) -> Duration {
+        let cap = self.cap.max(1);
+        let used = cap.saturating_sub(self.connections.available_permits());
+        idle_timeout_at(self.idle, used, cap)
+    }
+}
+
+fn idle_timeout_at(idle: Duration, used: usize, cap: usize) -> Duration {
+    let free = cap.saturating_sub(used);
+    if free * 2 >= cap {
+        return idle;
+    }
+    // Linear from the whole timeout at half use to a tenth when full.
+    let scaled = idle.mul_f64(free as f64 * 2.0 / cap as f64);
+    scaled.max(idle / 10)
+}
+
+/// The client connections each of the two listeners may hold under the descriptor limit: the soft
+/// limit is raised to the hard one first (a hand start often has 1,024 of a much higher hard
+/// limit); `others` descriptors are kept for everything else (upstream sockets, TCP exchanges
+/// with upstreams, the listeners, the runtime).
+pub fn connection_cap(configured: usize, others: usize) -> usize {
+    let mut lim = nix::libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the struct we pass.
+    let limit = unsafe {
+        if nix::libc::getrlimit(nix::libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return configured;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = nix::libc::rlimit {
+                rlim_cur: lim.rlim_max.min(1 << 20),
+                rlim_max: lim.rlim_max,
+            };
+            if nix::libc::setrlimit(nix::libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = raised.rlim_cur;
+            }
+        }
+        lim.rlim_cur
+    };
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let cap = budget(configured, limit, others);
+    if cap < configured {
+        tracing::warn!(
+            configured,
+            cap,
+            descriptors = limit,
+            "too few descriptors for --max-tcp-connections; capping TCP clients per listener lower"
+        );
+    }
+    cap
+}
+
+fn budget(configured: usize, limit: usize, others: usize) -> usize {
+    (limit.saturating_sub(others) / 2).clamp(1, configured.max(1))
 }
 
 /// Accepts TCP clients until `stop` turns true, then drops the listening socket at once.
@@ -67,6 +196,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
     drain: mpsc::Sender<()>,
 ) {
+    let warned = &mut (std::time::Instant::now() - Duration::from_secs(60));
     loop {
         let accepted = tokio::select! {
             accepted = socket.accept() => accepted,
@@ -75,15 +205,35 @@ pub async fn serve(
         let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(e) => {
-                // Usually EMFILE: back off instead of spinning on the error.
-                tracing::warn!(error = %e, listener = side.role.name(), "TCP accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Usually EMFILE: a descriptor comes back when the longest idle client goes;
+                // without one, back off instead of spinning on the error.
+                let freed = side.close_longest_idle();
+                let now = std::time::Instant::now();
+                if now.duration_since(*warned) >= Duration::from_secs(10) {
+                    tracing::warn!(error = %e, listener = side.role.name(), "TCP accept failed; closing the longest idle client");
+                    *warned = now;
+                }
+                let pause = if freed { 5 } else { 50 };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
                 continue;
             }
         };
-        // Over the cap the connection is closed at once: a client would rather see that than hang.
-        let Ok(permit) = side.connections.clone().try_acquire_owned() else {
-            continue;
+        let permit = match side.connections.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            // Over the cap the longest idle connection makes room; with every connection busy
+            // the new one is closed at once: a client would rather see that than hang.
+            Err(_) if side.close_longest_idle() => {
+                match tokio::time::timeout(
+                    Duration::from_millis(200),
+                    side.connections.clone().acquire_owned(),
+                )
+                .await
+                {
+                    Ok(Ok(permit)) => permit,
+                    _ => continue,
+                }
+            }
+            Err(_) => continue,
         };
         let turn = side.next.fetch_add(1, Ordering::Relaxed) % side.mailboxes.len();
         let mailbox = side.mailboxes[turn].clone();
@@ -106,6 +256,7 @@ async fn connection(
 ) {
     let _ = stream.set_nodelay(true);
     let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+    let close = side.opened(conn);
     let (mut reader, mut writer) = stream.into_split();
     let (replies, mut outbox) = mpsc::channel::<Vec<u8>>(TCP_PIPELINE);
     mailbox.post(Letter::TcpOpened { conn, replies });
@@ -132,7 +283,9 @@ async fn connection(
     let mut chunk = vec![0u8; READ_CHUNK];
     // The whole frame must arrive within the idle timeout, so a client that dribbles bytes
     // (slowloris) cannot hold a connection slot for longer than an idle one.
-    let mut deadline = Instant::now() + idle;
+    let started = Instant::now();
+    side.set_idle(conn, Some(started));
+    let mut deadline = started + side.idle_timeout();
     'read: loop {
         let n = tokio::select! {
             read = tokio::time::timeout_at(deadline, reader.read(&mut chunk)) => match read {
@@ -140,7 +293,9 @@ async fn connection(
                 _ => break,
             },
             _ = stop.changed() => break,
+            () = close.notified() => break,
         };
+        side.set_idle(conn, None);
         decoder.feed(&chunk[..n]);
         loop {
             let query = match decoder.next_frame() {
@@ -154,12 +309,75 @@ async fn connection(
             };
             slot.forget();
             mailbox.post(Letter::TcpQuery { conn, query });
-            deadline = Instant::now() + idle;
+            deadline = Instant::now() + side.idle_timeout();
+        }
+        // Waiting for a query again, with none partly read: it may be closed for a new client.
+        // (A client with queries in flight counts as idle too: its answers are on their way and
+        // the close waits for them below.)
+        if !decoder.mid_frame() {
+            side.set_idle(conn, Some(Instant::now()));
         }
     }
+    side.closed(conn);
     // Answers to queries already sent still go out, within the query budget.
     let pending = u32::try_from(TCP_PIPELINE).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(side.answer_wait, slots.acquire_many(pending)).await;
     mailbox.post(Letter::TcpClosed { conn });
     let _ = write_side.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_timeout_shrinks_past_half_the_cap_to_a_tenth_when_full() {
+        let idle = Duration::from_secs(10);
+        assert_eq!(idle_timeout_at(idle, 0, 256), idle);
+        assert_eq!(idle_timeout_at(idle, 128, 256), idle);
+        assert_eq!(idle_timeout_at(idle, 192, 256), Duration::from_secs(5));
+        assert_eq!(idle_timeout_at(idle, 256, 256), Duration::from_secs(1));
+        assert_eq!(idle_timeout_at(idle, 255, 256), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_descriptor_budget_splits_what_is_left_between_the_listeners() {
+        assert_eq!(budget(256, 8192, 600), 256);
+        assert_eq!(budget(256, 1024, 600), 212);
+        assert_eq!(budget(256, 500, 600), 1);
+    }
+
+    #[tokio::test]
+    async fn the_longest_idle_connection_is_closed_first_and_busy_ones_never() {
+        let side = ClientSide::new(
+            ListenerRole::Node,
+            Vec::new(),
+            4,
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        );
+        let t0 = Instant::now();
+        let closes: Vec<_> = (1..=3).map(|c| side.opened(c)).collect();
+        side.set_idle(2, Some(t0));
+        side.set_idle(1, Some(t0 + Duration::from_millis(5)));
+        // 3 is busy with a query.
+        let told = |n: &Arc<Notify>| {
+            let n = n.clone();
+            async move {
+                tokio::time::timeout(Duration::from_millis(10), n.notified())
+                    .await
+                    .is_ok()
+            }
+        };
+        assert!(side.close_longest_idle());
+        assert!(told(&closes[1]).await, "the longest idle goes first");
+        assert!(!told(&closes[0]).await);
+        assert!(side.close_longest_idle());
+        assert!(told(&closes[0]).await);
+        assert!(!side.close_longest_idle(), "the busy one stays");
+        side.closed(1);
+        side.closed(2);
+        side.closed(3);
+        assert!(side.open().conns.is_empty() && side.open().idle.is_empty());
+    }
 }

@@ -175,6 +175,39 @@ fn a_few_lost_packets_do_not_demote_a_backend_for_long() {
     );
 }
 
+/// One lost packet is forgiven: once its try has timed out, the backend that lost it still gets
+/// its even share of the next 200 queries (a second loss in a row would demote it at once).
+#[test]
+fn one_lost_packet_costs_a_backend_next_to_none_of_its_share() {
+    let t = TwoBackends::start(
+        Some(Mode::DropFirst {
+            answer_v4: OTHER_ANSWER,
+            n: 1,
+        }),
+        &[],
+    );
+    for i in 0..10 {
+        let (reply, _) = t.ask(&format!("once{i}.svc.cluster.local"));
+        assert_eq!(reply.expect("answered").0, ResponseCode::NoError);
+    }
+    // The lost try times out (--upstream-timeout 1s) meanwhile.
+    std::thread::sleep(Duration::from_millis(1100));
+    let bad = t.responders[1].as_ref().unwrap();
+    bad.reset_counts();
+    let before_good = t.responder(0).queries();
+    for i in 0..200 {
+        let _ = t.ask(&format!("share{i}.svc.cluster.local"));
+    }
+    let (to_bad, to_good) = (bad.queries(), t.responder(0).queries() - before_good);
+    eprintln!(
+        "after one lost packet: {to_bad} of the next 200 to the backend that lost it, {to_good} to the other"
+    );
+    assert!(
+        to_bad >= 80,
+        "one loss cost the backend its share: {to_bad} of 200 (other: {to_good})"
+    );
+}
+
 #[test]
 fn a_backend_200ms_slower_gets_a_small_share() {
     let t = TwoBackends::start(

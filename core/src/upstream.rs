@@ -3,8 +3,11 @@
 //! Health is learned only from traffic and is forgiving. Each server keeps a smoothed round-trip
 //! time and the number of tries it has outstanding. A query goes to the least busy of the servers
 //! whose RTT is within a band of the fastest, so equal servers share evenly and a much slower one
-//! gets little. A server that failed a try (timed out, unreachable, answered an error) becomes
-//! *suspect* and is tried after the others; suspect and slow servers still get a probe query every
+//! gets little. A server that failed a try (unreachable, answered an error, or timed out twice in
+//! a row) becomes *suspect* and is tried after the others. A single timeout among answers is
+//! forgiven: each loss adds to a score that every answer wears down, and only a second loss before
+//! the first is worn off makes the server suspect, so one lost packet costs a healthy server none
+//! of its share. Suspect and slow servers still get a probe query every
 //! `PROBE_EVERY`, so one that answers (or speeds up) again is back in rotation within a second. No
 //! server is ever excluded, and when every server is suspect they are all still tried.
 //!
@@ -35,7 +38,15 @@ struct Health {
     outstanding: AtomicU32,
     /// When it last got a probe, in ms since the set's epoch plus one; 0 means never.
     probed_ms: AtomicU64,
+    /// Recent timeouts, in eighths: a timeout adds `LOSS`, an answer takes one eighth off.
+    losses: AtomicU32,
 }
+
+/// What one timeout adds to a server's loss score; a score of `SUSPECT_AT` or more makes it
+/// suspect. So a second timeout within four answers of the first demotes the server at once, and
+/// a loss one answer in eight or rarer never does.
+const LOSS: u32 = 8;
+const SUSPECT_AT: u32 = 12;
 
 /// Where a query's next try goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,6 +285,9 @@ impl UpstreamSet {
         }
         self.stats[i].latency.observe(took);
         let h = &self.health[i];
+        let _ = h
+            .losses
+            .fetch_update(Relaxed, Relaxed, |l| (l > 0).then(|| l - 1));
         let sample = u32::try_from(took.as_micros()).unwrap_or(u32::MAX).max(1);
         let srtt = h.srtt_us.load(Relaxed);
         if srtt == 0 {
@@ -310,6 +324,23 @@ impl UpstreamSet {
         self.failures.fetch_add(1, Relaxed);
         self.stats[i].failures.fetch_add(1, Relaxed);
         !self.health[i].suspect.swap(true, Relaxed)
+    }
+
+    /// A try at `addr` timed out. Counted like any failure, but the server becomes suspect only
+    /// when its loss score reaches `SUSPECT_AT` (see the module's note): true when that is a
+    /// change.
+    pub fn note_loss(&self, addr: SocketAddr, ends_try: bool) -> bool {
+        let Some(i) = self.index(addr) else {
+            return false;
+        };
+        if ends_try {
+            self.end_try(i);
+        }
+        self.failures.fetch_add(1, Relaxed);
+        self.stats[i].failures.fetch_add(1, Relaxed);
+        let h = &self.health[i];
+        let score = h.losses.fetch_add(LOSS, Relaxed).saturating_add(LOSS);
+        score >= SUSPECT_AT && !h.suspect.swap(true, Relaxed)
     }
 
     pub fn is_suspect(&self, addr: SocketAddr) -> bool {
@@ -366,6 +397,53 @@ mod tests {
 
     fn pick(u: &UpstreamSet, start: usize, tried: &[SocketAddr]) -> Option<SocketAddr> {
         u.choose(start, tried, &[], u.epoch).map(|c| c.addr)
+    }
+
+    /// `n` queries, each answered in 1 ms by whichever server it went to: the share of `addr`.
+    fn share_of(u: &UpstreamSet, addr: SocketAddr, n: usize) -> usize {
+        (0..n)
+            .filter(|_| {
+                let start = u.next_start();
+                let to = pick(u, start, &[]).unwrap();
+                u.note_sent(to);
+                u.note_reply(to, Duration::from_millis(1), true);
+                to == addr
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_single_loss_costs_no_share_and_a_second_in_a_row_demotes_at_once() {
+        let u = UpstreamSet::new(vec![addr(1), addr(2)], Instant::now());
+        share_of(&u, addr(1), 20);
+        u.note_sent(addr(1));
+        assert!(!u.note_loss(addr(1), true), "one loss is forgiven");
+        assert!(!u.is_suspect(addr(1)));
+        let share = share_of(&u, addr(1), 200);
+        assert!(
+            (95..=105).contains(&share),
+            "share after one loss: {share} of 200"
+        );
+        // Two in a row: suspect at once.
+        u.note_sent(addr(2));
+        assert!(!u.note_loss(addr(2), true));
+        u.note_sent(addr(2));
+        assert!(u.note_loss(addr(2), true), "a second loss in a row demotes");
+        assert!(u.is_suspect(addr(2)));
+        // A loss one answer in eight or rarer never demotes; one in three does.
+        let u = UpstreamSet::new(vec![addr(1)], Instant::now());
+        for _ in 0..10 {
+            u.note_sent(addr(1));
+            assert!(!u.note_loss(addr(1), true));
+            share_of(&u, addr(1), 8);
+        }
+        let mut demoted = false;
+        for _ in 0..5 {
+            u.note_sent(addr(1));
+            demoted |= u.note_loss(addr(1), true);
+            share_of(&u, addr(1), 3);
+        }
+        assert!(demoted, "repeated losses demote");
     }
 
     /// Answers `n` tries at `a`, each `rtt` after it was sent.

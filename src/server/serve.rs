@@ -114,6 +114,8 @@ struct Shared<'a> {
     stop_rx: &'a watch::Receiver<bool>,
     drain_tx: &'a mpsc::Sender<()>,
     own_probes: &'a Arc<OwnProbes>,
+    /// Client connections per listener, within the descriptor limit.
+    tcp_cap: usize,
 }
 
 /// One listener, started: its hold on the steering, its relay threads and its TCP task.
@@ -198,6 +200,7 @@ impl Running {
             stop_rx: &stop_rx,
             drain_tx: &drain_tx,
             own_probes: &own_probes,
+            tcp_cap: tcp::connection_cap(config.max_tcp_connections, other_descriptors(&config)),
         };
         let mut relay_threads = Vec::new();
         let mut held = Vec::new();
@@ -303,6 +306,13 @@ impl Running {
         tracing::info!(drained, "stopped");
         drop(publish_kept);
     }
+}
+
+/// Descriptors kept for everything but client TCP connections: the TCP exchanges with upstreams,
+/// each relay thread's UDP sockets for up to four upstreams per group, and a margin for the
+/// listeners, epoll, eventfds, the metrics socket, discovery's pipes and the runtime.
+fn other_descriptors(config: &Config) -> usize {
+    MAX_TCP_EXCHANGES + 2 * config.udp_threads * config.upstream_sockets * 2 * 4 + 64
 }
 
 /// The upstreams given by flags, before discovery has looked; a group given by flags is
@@ -443,7 +453,7 @@ fn start_listener(
     let side = Arc::new(ClientSide::new(
         role,
         mailboxes,
-        config.max_tcp_connections,
+        shared.tcp_cap,
         config.tcp_idle_timeout,
         config.query_timeout,
     ));

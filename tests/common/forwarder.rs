@@ -39,6 +39,17 @@ impl Forwarder {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Forwarder {
+        Forwarder::spawn_limited(at, args, env, None)
+    }
+
+    /// As [`Forwarder::spawn_with_env`], under `nofile` descriptors (soft and hard limit, set by
+    /// `prlimit`, which then execs the binary: the pid is the forwarder's).
+    pub fn spawn_limited(
+        at: impl Into<Place>,
+        args: &[String],
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Forwarder {
         // Network rule: the forwarder must never discover the VNet DNS from the host's own
         // resolv.conf or DHCP leases (they name this machine's real DNS servers; `ip netns exec`
         // keeps the host's /run).
@@ -48,7 +59,18 @@ impl Forwarder {
             "a test forwarder needs --node-upstream, or --resolv-conf with --dhcp-leases: {args:?}"
         );
         let at = at.into();
-        let mut cmd = at.command(forwarder_binary(), args);
+        let mut cmd = match nofile {
+            None => at.command(forwarder_binary(), args),
+            Some(n) => {
+                let mut all = vec![
+                    format!("--nofile={n}:{n}"),
+                    "--".into(),
+                    forwarder_binary().into(),
+                ];
+                all.extend(args.iter().cloned());
+                at.command("prlimit", all)
+            }
+        };
         if at == Place::Here {
             // Logs as plain text, whatever the environment of the test run.
             cmd.env_remove("JOURNAL_STREAM");

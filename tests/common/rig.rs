@@ -85,9 +85,17 @@ pub struct RigBuilder {
     cluster_to: Option<Vec<usize>>,
     flags: Vec<String>,
     tools: Vec<&'static str>,
+    nofile: Option<u64>,
 }
 
 impl RigBuilder {
+    /// Runs the forwarder under `n` descriptors (soft and hard), as a start by hand may.
+    pub fn nofile(mut self, n: u64) -> RigBuilder {
+        self.nofile = Some(n);
+        self.tools.push("prlimit");
+        self
+    }
+
     /// One more upstream, answering as `mode`; its index is the number added before it.
     pub fn upstream(mut self, mode: Mode) -> RigBuilder {
         self.upstreams.push(Some(mode));
@@ -192,7 +200,7 @@ impl RigBuilder {
         } else {
             loopback_forwarder_args(&node_ups, &cluster_ups, &flags)
         };
-        let fwd = Forwarder::spawn(&at, &args);
+        let fwd = Forwarder::spawn_limited(&at, &args, &[], self.nofile);
         let (node, cluster) = match topo {
             Some(_) => (dns53(LOCALDNS_10), dns53(LOCALDNS_11)),
             None => (
@@ -257,6 +265,7 @@ impl Rig {
             cluster_to: None,
             flags: Vec::new(),
             tools: Vec::new(),
+            nofile: None,
         }
     }
 

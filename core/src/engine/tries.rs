@@ -114,7 +114,11 @@ impl Engine {
         live: bool,
     ) {
         let set = self.upstreams.get(group);
-        if set.note_failure_of(upstream, failure.blames_upstream(), live) {
+        let demoted = match failure {
+            Failure::TimedOut => set.note_loss(upstream, live),
+            _ => set.note_failure_of(upstream, failure.blames_upstream(), live),
+        };
+        if demoted {
             self.events.push_back(Event::UpstreamSuspect {
                 group,
                 upstream,

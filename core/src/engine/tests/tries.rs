@@ -21,14 +21,8 @@ fn an_unanswered_try_is_hedged_then_timed_out_and_late_replies_still_count() {
         assert_ne!(wire::id(&sent1), wire::id(&sent2), "fresh ID per try");
         rig.tick(1000);
         assert!(
-            matches!(
-                rig.events[..],
-                [Event::UpstreamSuspect {
-                    failure: Failure::TimedOut,
-                    ..
-                }]
-            ),
-            "{:?}",
+            rig.events.is_empty(),
+            "one timeout is forgiven: {:?}",
             rig.events
         );
         assert_eq!(
@@ -43,11 +37,7 @@ fn an_unanswered_try_is_hedged_then_timed_out_and_late_replies_still_count() {
             "the first upstream's late answer is taken"
         );
         assert_eq!(rig.engine.inflight(), 0);
-        assert!(
-            matches!(rig.events.last(), Some(Event::UpstreamRecovered { .. })),
-            "{:?}",
-            rig.events
-        );
+        assert!(rig.events.is_empty(), "{:?}", rig.events);
     }
 }
 
@@ -204,15 +194,31 @@ fn an_unreachable_upstream_moves_every_query_there_on_at_once() {
 }
 
 #[test]
-fn a_timed_out_upstream_gets_only_probes_until_it_answers() {
+fn an_upstream_that_timed_out_twice_in_a_row_gets_only_probes_until_it_answers() {
     for transport in BOTH {
         let mut rig = Rig::new(transport, ListenerRole::Cluster, vec![], vec![up(1), up(2)]);
         rig.query(&query(1, "a.b", None), 0);
         let (first, _) = rig.last_upstream();
         rig.tick(1000);
+        // Forgiven once: the next query may still start there; a second loss demotes it.
+        rig.query(&query(40, "again.b", None), 1001);
+        let (next, _) = rig.last_upstream();
+        assert_eq!(
+            next.to, first.to,
+            "{transport:?}: one timeout cost it no turn"
+        );
+        rig.tick(2001);
+        assert!(
+            rig.events.iter().any(|e| matches!(
+                e,
+                Event::UpstreamSuspect { upstream, failure: Failure::TimedOut, .. } if *upstream == first.to
+            )),
+            "{:?}",
+            rig.events
+        );
         let mut probes = 0;
         for i in 0..20 {
-            rig.query(&query(2 + i, &format!("c{i}.d"), None), 1001 + u64::from(i));
+            rig.query(&query(2 + i, &format!("c{i}.d"), None), 2002 + u64::from(i));
             if rig.last_upstream().0.to == first.to {
                 probes += 1;
             }
