@@ -81,6 +81,25 @@ struct Netlink {
     fd: OwnedFd,
 }
 
+/// The kernel's announcements of addresses added or removed anywhere on this host (rtnetlink
+/// groups RTMGRP_IPV4_IFADDR and RTMGRP_IPV6_IFADDR), on a non-blocking socket: readable whenever
+/// one came. What they say is not parsed; the reader looks at the addresses it cares about.
+pub fn address_changes() -> nix::Result<OwnedFd> {
+    const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+    const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+    let fd = socket::socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        SockProtocol::NetlinkRoute,
+    )?;
+    socket::bind(
+        fd.as_raw_fd(),
+        &NetlinkAddr::new(0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR),
+    )?;
+    Ok(fd)
+}
+
 impl Netlink {
     fn open() -> nix::Result<Netlink> {
         let fd = socket::socket(

@@ -10,8 +10,13 @@
 //! flows (the steering program lets them through, and the relay drops any that reach us).
 
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::socket::MsgFlags;
+use tokio::io::unix::AsyncFd;
 
 use crate::cli::Config;
 use crate::link;
@@ -72,15 +77,45 @@ pub async fn stand_by(
     if holder == Holder::Us {
         take(&held, &config, "LocalDNS does not answer");
     }
+    let changes = match link::address_changes() {
+        // SAFETY: an OwnedFd is an open descriptor that stays the same until it is dropped,
+        // which the AsyncFd that owns it does.
+        Ok(fd) => unsafe { AsyncFd::register(fd) }.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let changes = changes
+        .inspect_err(|error| {
+            tracing::debug!(error, "no address announcements; looking every 20 ms");
+        })
+        .ok();
     let (mut silent, mut answered) = (0u32, 0u32);
     // LocalDNS answers but is not in our groups: said once, not every round.
     let mut said_stuck = false;
     let mut next = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep_until(next).await;
-        let started = tokio::time::Instant::now();
-        next = started + probe::EVERY;
-        match prober.ask(probe::WAIT).await {
+        // While LocalDNS holds the flows, its addresses are watched between and during rounds:
+        // its script deletes its link when LocalDNS stops or fails, and nothing can answer there
+        // until they are back, so there is nothing to ask first.
+        let watching = holder == Holder::LocalDns;
+        let seen = tokio::select! {
+            seen = async {
+                tokio::time::sleep_until(next).await;
+                next = tokio::time::Instant::now() + probe::EVERY;
+                prober.ask(probe::WAIT).await
+            } => Some(seen),
+            () = addresses_gone(&config, &changes), if watching => None,
+        };
+        let Some(seen) = seen else {
+            take(
+                &held,
+                &config,
+                "the listener addresses are gone with LocalDNS's link",
+            );
+            holder = Holder::Us;
+            (silent, answered) = (0, 0);
+            continue;
+        };
+        match seen {
             Seen::Serving => {
                 silent = 0;
                 answered += 1;
@@ -170,6 +205,35 @@ fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
     }
     tracing::info!("LocalDNS answers again; new flows go to it");
     true
+}
+
+/// How often the standby looks for LocalDNS's addresses while LocalDNS holds the flows, where
+/// the kernel's address announcements cannot be had.
+const ADDRESS_CHECK: Duration = Duration::from_millis(20);
+
+/// Returns once a listener address is on no interface of this host: looked at each time the
+/// kernel announces an address change (they queue on the socket between calls, so none is
+/// missed; nothing runs while none comes), or every `ADDRESS_CHECK` without the announcements.
+async fn addresses_gone(config: &Config, changes: &Option<AsyncFd<OwnedFd>>) {
+    loop {
+        match changes {
+            Some(fd) => {
+                let Ok(mut ready) = fd.readable().await else {
+                    return std::future::pending().await;
+                };
+                let mut buf = [0u8; 8192];
+                // Read them all: only "something changed" matters.
+                while nix::sys::socket::recv(fd.get_ref().as_raw_fd(), &mut buf, MsgFlags::empty())
+                    .is_ok_and(|n| n > 0)
+                {}
+                ready.clear_ready();
+            }
+            None => tokio::time::sleep(ADDRESS_CHECK).await,
+        }
+        if !addresses_local(config) {
+            return;
+        }
+    }
 }
 
 /// Are the listener addresses on an interface of this host? Binding a socket to an address that

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# What the standby mode costs beside a LocalDNS that serves: CPU time and resident memory of
+# `localdns-fallback --standby` over an idle window, in a private network namespace with a
+# stand-in LocalDNS (tests/systemd/standin.rs, bound with SO_REUSEPORT like CoreDNS).
+#   loadtest/standby-idle.sh [SECONDS]     (default 30; needs root and a release build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-30}
+binary=target/release/localdns-fallback
+[[ -x $binary ]] || { echo "no $binary (cargo build --release first)" >&2; exit 1; }
+ns=lf-standby-idle-$$
+standin=$(mktemp -d)/standin
+rustc --edition 2021 -O -o "$standin" tests/systemd/standin.rs
+cleanup() {
+    [[ -n ${fwd:-} ]] && kill "$fwd" 2>/dev/null
+    [[ -n ${localdns:-} ]] && kill "$localdns" 2>/dev/null
+    wait 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$(dirname "$standin")"
+}
+trap cleanup EXIT
+ip netns add "$ns"
+ip -n "$ns" link set lo up
+ip -n "$ns" addr add 169.254.10.10/32 dev lo
+ip -n "$ns" addr add 169.254.10.11/32 dev lo
+ip netns exec "$ns" "$standin" serve --delay-ms 0 example.com=192.0.2.1 >/dev/null 2>&1 &
+localdns=$!
+sleep 0.5
+ip netns exec "$ns" "$binary" --standby --node-upstream 127.0.0.1:5353 --cluster-upstream 127.0.0.1:5353 \
+    --log-level warn &
+fwd=$!
+sleep 3
+ticks() { awk '{print $14 + $15}' "/proc/$fwd/stat"; }
+hz=$(getconf CLK_TCK)
+t0=$(ticks); s0=$(date +%s.%N)
+sleep "$seconds"; [[ -n ${STRACE:-} ]] && timeout 5 strace -c -f -p "$fwd" 2>&1 | head -25
+t1=$(ticks); s1=$(date +%s.%N)
+rss=$(awk '/^VmRSS/ {print $2}' "/proc/$fwd/status")
+cpu=$(awk -v t="$((t1 - t0))" -v hz="$hz" -v a="$s0" -v b="$s1" 'BEGIN { printf "%.3f", 100 * t / hz / (b - a) }')
+echo "standby idle over ${seconds}s: ${cpu} % of one core, VmRSS $((rss / 1024)).$(((rss % 1024) * 10 / 1024)) MiB"
