@@ -430,7 +430,8 @@ fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_rest
 /// The node image's own wiring (`OnFailure=localdns-fallback.service` and an `ExecStartPre=` that
 /// stops it, in LocalDNS's unit): `install.sh --wiring on-failure` installs only the binary and our
 /// units, refuses a LocalDNS unit that lacks either line (naming it), and `--check` agrees;
-/// `--standby` enables the standby unit the way `systemctl enable` does, and uninstall removes it.
+/// `--standby` enables the standby unit the way `systemctl enable` does, and uninstall removes it;
+/// without `--wiring`, a LocalDNS unit with both lines gets exactly that.
 #[test]
 fn the_on_failure_wiring_installs_only_our_units_and_needs_both_lines_of_localdns() {
     require();
@@ -479,7 +480,8 @@ fn the_on_failure_wiring_installs_only_our_units_and_needs_both_lines_of_localdn
     )
     .assert_ok();
     // The drop-in wiring's check fails on this tree (no drop-in), naming what is missing.
-    root.check().assert_fails_naming("missing:");
+    root.install_sh(&["--check", "--wiring", "drop-in"])
+        .assert_fails_naming("missing:");
     // Uninstall removes what either wiring installed, the standby's enablement too.
     root.uninstall().assert_ok();
     for (path, _) in INSTALLED {
@@ -487,6 +489,17 @@ fn the_on_failure_wiring_installs_only_our_units_and_needs_both_lines_of_localdn
     }
     root.sh(
         "test ! -e \"$ROOT/$1\"",
+        &["etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service"],
+    )
+    .assert_ok();
+
+    // No --wiring: the node as it is. This LocalDNS carries both lines: the on-failure wiring
+    // with the standby unit, and the plain --check agrees.
+    root.install().assert_ok();
+    root.check().assert_ok();
+    root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
+    root.sh(
+        "test -L \"$ROOT/$1\"",
         &["etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service"],
     )
     .assert_ok();

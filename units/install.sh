@@ -5,12 +5,14 @@
 #   units/install.sh --uninstall [--root DIR]                remove
 #   units/install.sh --check [--root DIR] [WIRING]           verify; exit 1 naming every problem
 # WIRING says what starts the fallback (README, "Wiring"):
-#   --wiring drop-in     (the default) our drop-in on localdns.service and the trigger path unit;
+#   --wiring auto        (the default) the node as it is: where LocalDNS's unit carries the node
+#                        image's two lines, on-failure with --standby; elsewhere drop-in;
 #   --wiring on-failure  the node image's own two lines in localdns.service
 #                        (OnFailure=localdns-fallback.service and an ExecStartPre= that stops it):
 #                        only our binary and units are installed, and LocalDNS's unit must have both;
-#   --standby            (with either) also enable localdns-fallback-standby.service, which runs
-#                        beside LocalDNS and takes over within 0.5 s of it going silent.
+#   --wiring drop-in     our drop-in on localdns.service and the trigger path unit;
+#   --standby            also enable localdns-fallback-standby.service, which runs beside LocalDNS
+#                        and takes over within 0.5 s of it going silent (with on-failure).
 # --root works on another root file system (an image being built, a test container).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -64,7 +66,7 @@ unit=etc/systemd/system/localdns-fallback.service
 root=""
 binary="$here/../target/release/localdns-fallback"
 action=install
-wiring=drop-in
+wiring=auto
 standby=""
 while (($#)); do
     case $1 in
@@ -74,8 +76,8 @@ while (($#)); do
         --root) root=$2; shift ;;
         --wiring)
             wiring=${2:-}; shift
-            [[ $wiring == drop-in || $wiring == on-failure ]] ||
-                { echo "install.sh: --wiring drop-in or --wiring on-failure, not \"$wiring\"" >&2; exit 2; }
+            [[ $wiring == auto || $wiring == drop-in || $wiring == on-failure ]] ||
+                { echo "install.sh: --wiring auto, drop-in or on-failure, not \"$wiring\"" >&2; exit 2; }
             ;;
         --standby) standby=1 ;;
         *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
@@ -83,8 +85,6 @@ while (($#)); do
     shift
 done
 root=${root%/}
-# Uninstall removes whatever either wiring installed.
-if [[ $wiring == drop-in || $action == uninstall ]]; then files+=("${dropin_files[@]}"); fi
 
 reload() {
     # Only the running systemd of this root; an image being built has none.
@@ -282,6 +282,19 @@ check() {
         fi
     fi
 }
+
+# The node as it is: a LocalDNS unit with the node image's two lines gets the on-failure wiring
+# and the standby unit beside it (the shortest dark time in every phase measured, and the only
+# wiring that covers a hung LocalDNS); any other gets our drop-in.
+if [[ $wiring == auto ]]; then
+    if [[ -n $(localdns_unit) && -z $(wiring=on-failure; on_failure_mismatch) ]]; then
+        wiring=on-failure standby=1
+    else
+        wiring=drop-in
+    fi
+fi
+# Uninstall removes whatever either wiring installed.
+if [[ $wiring == drop-in || $action == uninstall ]]; then files+=("${dropin_files[@]}"); fi
 
 case $action in
     install)
