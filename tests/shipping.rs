@@ -86,6 +86,7 @@ fn package() -> PathBuf {
     let target = Path::new(MANIFEST_DIR).join("target/shipping");
     fs::create_dir_all(&target).expect("create target/shipping");
     let deb = target.join("localdns-fallback.deb");
+    let fresh = target.join(format!("localdns-fallback.deb.{}", std::process::id()));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     // flock: the tests of this file run as parallel processes and share one build.
     run_ok(
@@ -93,10 +94,12 @@ fn package() -> PathBuf {
             .arg(target.join("build.lock"))
             .arg(cargo)
             .args(["deb", "--locked", "--output"])
-            .arg(&deb)
+            .arg(&fresh)
             .current_dir(MANIFEST_DIR)
             .env("CARGO_TARGET_DIR", &target),
     );
+    // Renamed into place: another test's dpkg reading the previous one keeps reading it whole.
+    fs::rename(&fresh, &deb).expect("rename the package into place");
     deb
 }
 
