@@ -495,3 +495,67 @@ fn glibc_gets_every_address_and_musl_the_ones_that_fit_through_each_listener() {
         "the stand-in never had to truncate: the test proves nothing"
     );
 }
+
+/// An upstream that cuts a UDP answer that does not fit to no record at all (as dnsmasq and
+/// unbound do): the forwarder fetches it whole over TCP and gives clients that take 512 bytes and
+/// never retry over TCP the records that fit, on the first query of a cold cache. musl's
+/// getaddrinfo (before 1.2.4, as this static one) and busybox's nslookup (Alpine pods) each get
+/// addresses, where they got none.
+#[test]
+fn musl_and_busybox_get_addresses_from_a_cold_cache_when_the_upstream_cuts_to_nothing() {
+    require_root_and_tools(&["ip", "musl-gcc", "busybox"]);
+    let dir = TempDir::new("musl-cut");
+    let src = dir.path().join("gai.c");
+    std::fs::write(&src, MUSL_GAI).expect("write gai.c");
+    let gai = dir.path().join("gai");
+    run_ok(
+        std::process::Command::new("musl-gcc")
+            .arg("-static")
+            .arg("-o")
+            .arg(&gai)
+            .arg(&src),
+    );
+    let rig = Rig::namespaces().upstream(Mode::CoreDnsEmptyCut).start();
+    let topo = rig.topo.as_ref().expect("a namespace rig");
+    for l in [NODE, CLUSTER] {
+        topo.node
+            .set_resolv_conf(&format!("nameserver {l}\noptions timeout:2 attempts:1\n"));
+        let all: BTreeSet<String> = many_addresses(60).iter().map(|a| a.to_string()).collect();
+        // A fresh name for each client: each asks a cold cache.
+        let name = format!("many60.musl{}.test", &l[l.len() - 2..]);
+        let out = run_ok(&mut topo.node.exec(&gai, [&name]));
+        let got = addresses(&out);
+        assert!(
+            got.len() >= 25 && got.is_subset(&all),
+            "musl via {l}, {name}: {} addresses {got:?}",
+            got.len()
+        );
+        let musl = got.len();
+        let name = format!("many60.busybox{}.test", &l[l.len() - 2..]);
+        let out = topo
+            .node
+            .exec("busybox", ["nslookup", "-type=a", &name, l])
+            .output()
+            .expect("run busybox");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let got: BTreeSet<String> = text
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("Address:"))
+            .map(|a| a.trim().to_string())
+            .filter(|a| all.contains(a))
+            .collect();
+        assert!(
+            got.len() >= 25,
+            "busybox nslookup via {l}, {name}: {} addresses\n{text}",
+            got.len()
+        );
+        eprintln!(
+            "via {l}: a cold 60-record name gave musl {musl} addresses, busybox {}",
+            got.len()
+        );
+    }
+    assert!(
+        rig.responder(0).truncated() > 0,
+        "the stand-in never had to truncate: the test proves nothing"
+    );
+}

@@ -79,6 +79,11 @@ pub fn is_truncated(p: &[u8]) -> bool {
     p[2] & TC != 0
 }
 
+/// ANCOUNT: how many answer records the message says it carries.
+pub fn answer_count(p: &[u8]) -> u16 {
+    u16::from_be_bytes([p[6], p[7]])
+}
+
 pub fn rcode(p: &[u8]) -> u8 {
     p[3] & 0x0f
 }

@@ -96,6 +96,9 @@ pub enum Mode {
     /// EDNS) keeps as many whole records as fit, with TC set (miekg/dns `Truncate`); over TCP it
     /// goes whole. A query that does not parse, or is not a query, is dropped.
     CoreDns,
+    /// As [`Mode::CoreDns`], but a UDP answer that does not fit is cut to no record at all
+    /// (header, question and OPT, with TC), as dnsmasq and unbound cut.
+    CoreDnsEmptyCut,
 }
 
 /// The addresses of `many<n>.*` in [`Mode::CoreDns`], in the order they are answered.
@@ -376,8 +379,9 @@ fn serve_udp(sock: Arc<UdpSocket>, spoof: Option<Arc<SpoofSockets>>, ctx: Ctx) {
         let query = &buf[..len];
         match &ctx.mode {
             Mode::Silent => {}
-            Mode::CoreDns => {
-                if let Some(reply) = coredns_reply(query, true) {
+            Mode::CoreDns | Mode::CoreDnsEmptyCut => {
+                let keep = matches!(ctx.mode, Mode::CoreDns);
+                if let Some(reply) = coredns_reply(query, true, keep) {
                     if reply.len() >= 3 && reply[2] & 0x02 != 0 {
                         ctx.truncated.fetch_add(1, Ordering::SeqCst);
                     }
@@ -605,7 +609,7 @@ fn serve_tcp_conn(mut stream: TcpStream, ctx: &Ctx) {
 fn tcp_reply(query: &[u8], ctx: &Ctx) -> Option<Vec<u8>> {
     match &ctx.mode {
         Mode::Silent | Mode::TcpSilent { .. } => None,
-        Mode::CoreDns => coredns_reply(query, false),
+        Mode::CoreDns | Mode::CoreDnsEmptyCut => coredns_reply(query, false, true),
         Mode::Rcode { code } => rcode_reply(query, *code),
         Mode::Garbage => Some(random_frame()),
         Mode::Normal { answer_v4 }
@@ -763,8 +767,9 @@ fn encode(reply: &Message, limit: Option<usize>) -> Option<Vec<u8>> {
     }
 }
 
-/// The reply of [`Mode::CoreDns`] to `query`, cut like CoreDNS over UDP.
-fn coredns_reply(query: &[u8], udp: bool) -> Option<Vec<u8>> {
+/// The reply of [`Mode::CoreDns`] to `query`, cut like CoreDNS over UDP (whole records while
+/// they fit), or to none when not `keep`.
+fn coredns_reply(query: &[u8], udp: bool, keep: bool) -> Option<Vec<u8>> {
     let msg = Message::from_vec(query).ok()?;
     if msg.message_type() != MessageType::Query {
         return None;
@@ -821,7 +826,7 @@ fn coredns_reply(query: &[u8], udp: bool) -> Option<Vec<u8>> {
     let answers = reply.take_answers();
     reply.take_name_servers();
     reply.set_truncated(true);
-    for record in answers {
+    for record in answers.into_iter().filter(|_| keep) {
         reply.add_answer(record);
         if reply.to_vec().ok()?.len() > limit {
             reply.answers_mut().pop();

@@ -384,10 +384,14 @@ impl Engine {
         let group = p.group;
         let (sent, live) = p.tries[try_no].map_or((now, false), |t| (t.sent, t.live));
         // We advertise at most 1232 bytes upstream, so the UDP leg never needs fragments; an
-        // asker that takes more gets the whole answer fetched over TCP instead of a cut one.
+        // asker that takes more gets the whole answer fetched over TCP instead of a cut one. A
+        // truncated reply with no answer record at all (dnsmasq, unbound and others cut that way)
+        // is fetched whole too: cut at record boundaries it gives even a 512-byte asker that
+        // never retries over TCP (musl before 1.2.4, busybox) the records that fit.
         let wants_more = || {
-            p.askers()
-                .any(|(client, _, q)| reply_limit(client, q) > usize::from(wire::OUR_EDNS_SIZE))
+            wire::answer_count(packet) == 0
+                || p.askers()
+                    .any(|(client, _, q)| reply_limit(client, q) > usize::from(wire::OUR_EDNS_SIZE))
         };
         if wire::is_truncated(packet)
             && matches!(via, Via::Udp { .. })

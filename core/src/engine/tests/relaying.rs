@@ -109,15 +109,54 @@ fn a_truncated_udp_answer_is_fetched_over_tcp_for_an_asker_that_takes_more() {
     let answers = rig.to_client();
     assert_eq!(answers.len(), 1);
     assert!(!wire::is_truncated(&answers[0]) && answers[0].len() > 3000);
-    // A client that takes only 512 bytes would get a cut answer from the upstream too: passed on.
+    // A client that takes only 512 bytes gets a cut answer that carries records as it is.
     rig.query(&query(2, "big2.svc", None), 10);
     let (leg, sent) = rig.last_upstream();
-    let mut tc = reply(&sent, false, 0);
+    let mut tc = answer(&sent, 60);
     tc[2] |= 0x02;
     rig.reply_at(leg, tc, leg.to, 11);
     let last = rig.to_client().pop().unwrap();
     assert_eq!(wire::id(&last), 2);
-    assert!(wire::is_truncated(&last));
+    assert!(wire::is_truncated(&last) && wire::answer_count(&last) == 1);
+}
+
+#[test]
+fn a_truncated_answer_without_records_is_fetched_over_tcp_and_cut_to_what_fits() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    // No EDNS: the asker takes 512 bytes and (musl before 1.2.4, busybox) never retries over TCP.
+    rig.query(&query(3, "headless.svc", None), 0);
+    let (leg, sent) = rig.last_upstream();
+    let mut tc = reply(&sent, false, 0);
+    tc[2] |= 0x02;
+    rig.reply_at(leg, tc, leg.to, 1);
+    assert!(
+        rig.to_client().is_empty(),
+        "an empty cut answer is not passed on"
+    );
+    let (again, sent2) = rig.last_upstream();
+    assert_eq!(
+        (again.via, again.to),
+        (Via::Tcp, leg.to),
+        "the same upstream, over TCP"
+    );
+    // Sixty A records, as a headless service with sixty pods has.
+    let mut whole = sent2.clone();
+    whole[2] |= 0x80;
+    whole[6..8].copy_from_slice(&60u16.to_be_bytes());
+    for i in 0..60u8 {
+        whole.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 10, 1, 0, i]);
+    }
+    rig.reply_at(again, whole, again.to, 2);
+    let answers = rig.to_client();
+    assert_eq!(answers.len(), 1);
+    let cut = &answers[0];
+    assert!(cut.len() <= 512, "{} bytes", cut.len());
+    assert!(wire::is_truncated(cut), "TC: there is more");
+    let records = wire::answer_count(cut);
+    assert!(
+        (20..60).contains(&records),
+        "{records} records that fit in 512 bytes"
+    );
 }
 
 #[test]
