@@ -350,3 +350,68 @@ fn tcp_clients_piling_on_a_silent_tcp_upstream_cannot_starve_the_process_of_desc
     );
     drop(streams);
 }
+
+/// Every upstream black-holed, with the clients pods really use: the outage's first query waits
+/// out the query budget while its tries time out; from then on the group is known down and every
+/// query is answered at once (SERVFAIL here, stale where the cache has it), while probes test the
+/// upstream in the background. glibc (getent) then fails over within 1 s, and busybox nslookup
+/// (Alpine pods; it takes a SERVFAIL only after asking again) within its own 5 s budget.
+#[test]
+fn real_clients_fail_fast_once_every_upstream_is_known_down() {
+    let rig = Rig::namespaces()
+        .upstream(Mode::Silent)
+        .tools(&["getent", "busybox"])
+        .start();
+    let ns = rig.node_ns();
+    ns.set_resolv_conf("nameserver 169.254.10.11\noptions timeout:5 attempts:1\n");
+    let first = rig.dig(rig.cluster, &["first.example", "A"]);
+    assert_eq!(first.status, "SERVFAIL", "{}", first.raw);
+    eprintln!(
+        "the outage's first query: SERVFAIL after {:?}",
+        first.elapsed
+    );
+
+    let started = Instant::now();
+    assert_eq!(getent_hosts(ns, "glibc.example"), None);
+    let glibc = started.elapsed();
+    let started = Instant::now();
+    let out = ns
+        .exec(
+            "busybox",
+            ["nslookup", "-type=a", "busybox.example", "169.254.10.11"],
+        )
+        .output()
+        .expect("run busybox");
+    let busybox = started.elapsed();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dig = rig.dig(rig.cluster, &["dig.example", "A"]);
+    eprintln!(
+        "once known down: glibc failed over in {glibc:?}, busybox in {busybox:?}, dig SERVFAIL in {:?}",
+        dig.elapsed
+    );
+    assert!(glibc < Duration::from_secs(1), "glibc waited {glibc:?}");
+    assert!(
+        busybox < Duration::from_secs(5),
+        "busybox waited {busybox:?}:\n{text}"
+    );
+    assert!(
+        text.contains("SERVFAIL")
+            || text.contains("server failure")
+            || text.contains("Server failure"),
+        "busybox got no SERVFAIL:\n{text}"
+    );
+    assert_eq!(dig.status, "SERVFAIL", "{}", dig.raw);
+    assert!(
+        dig.elapsed < Duration::from_millis(500),
+        "dig waited {:?}",
+        dig.elapsed
+    );
+    assert!(
+        rig.responder(0).queries() > 3,
+        "probes kept testing the upstream in the background"
+    );
+}

@@ -68,8 +68,10 @@ pub struct UpstreamSet {
     failures: AtomicU64,
     /// Per server counters for /metrics; they outlive this set (see [`Counters::upstream`]).
     stats: Vec<Arc<UpstreamStats>>,
-    /// The origin of `probed_ms`, given by whoever makes the set.
+    /// The origin of `probed_ms` and `heard_ms`, given by whoever makes the set.
     epoch: Instant,
+    /// When any server last sent a reply, in ms since `epoch` plus one; 0 means never.
+    heard_ms: AtomicU64,
 }
 
 impl UpstreamSet {
@@ -113,6 +115,7 @@ impl UpstreamSet {
             failures: AtomicU64::new(0),
             stats: unique_stats,
             epoch,
+            heard_ms: AtomicU64::new(0),
         }
     }
 
@@ -341,6 +344,33 @@ impl UpstreamSet {
         let h = &self.health[i];
         let score = h.losses.fetch_add(LOSS, Relaxed).saturating_add(LOSS);
         score >= SUSPECT_AT && !h.suspect.swap(true, Relaxed)
+    }
+
+    /// A server of the group sent a reply at `now`, an error reply included: it is alive.
+    pub fn note_heard(&self, now: Instant) {
+        let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+        self.heard_ms.fetch_max(now_ms, Relaxed);
+    }
+
+    /// The group is down: every server failed lately and none has sent a reply of any kind in
+    /// the last second. A query is better answered at once than after a whole query budget.
+    /// False for an empty set.
+    pub fn down(&self, now: Instant) -> bool {
+        let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+        let heard = self.heard_ms.load(Relaxed);
+        !self.addrs.is_empty()
+            && (heard == 0 || now_ms.saturating_sub(heard) >= 1000)
+            && (0..self.addrs.len()).all(|i| self.suspect(i))
+    }
+
+    /// Is some server due a probe at `now` (see [`PROBE_EVERY`])? Nothing is claimed: the try
+    /// that follows claims it.
+    pub fn probe_due(&self, now: Instant) -> bool {
+        let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+        self.health.iter().any(|h| {
+            let last = h.probed_ms.load(Relaxed);
+            last == 0 || now_ms.saturating_sub(last) >= PROBE_EVERY.as_millis() as u64
+        })
     }
 
     pub fn is_suspect(&self, addr: SocketAddr) -> bool {

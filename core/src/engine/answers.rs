@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::outbox::Outbox;
 use super::pending::Pending;
-use super::{Client, Dest, Engine, Event, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE};
+use super::{Client, Dest, Engine, Event, FAILURE_MEMORY, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE};
 use crate::answer;
 use crate::cache::{Cache, Hit, Key};
 use crate::wire::{self, rcode};
@@ -44,6 +44,16 @@ impl Engine {
                 }
             }
             self.recheck.insert(key.clone(), now);
+            if p.error_reply.is_none() {
+                if self.unanswered.len() >= RECHECK_CAP {
+                    self.unanswered
+                        .retain(|_, t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
+                    if self.unanswered.len() >= RECHECK_CAP {
+                        self.unanswered.clear();
+                    }
+                }
+                self.unanswered.insert(key.clone(), now);
+            }
         }
         if !p.has_askers() {
             return;

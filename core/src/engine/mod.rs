@@ -73,6 +73,9 @@ const HEDGE_BURST: u32 = 50 * HEDGE_COST;
 /// allocated and freed as before).
 const SPARE_QUERIES: usize = 1024;
 const SPARE_QUERY_BYTES: usize = 512;
+/// How long a name whose resolution failed is answered SERVFAIL at once (RFC 9520 asks for at
+/// least a second; longer would outlast a recovered upstream).
+const FAILURE_MEMORY: Duration = Duration::from_secs(1);
 /// Names whose refresh failed, remembered for the failure-recheck timer; beyond this the oldest
 /// memories go.
 const RECHECK_CAP: usize = 4096;
@@ -106,6 +109,9 @@ pub struct Engine {
     waiting: [Map<Key, u32>; 2],
     /// When a refresh of each name last failed (serve-stale's failure-recheck timer).
     recheck: Map<Key, Instant>,
+    /// When a query for each name last ended without any reply from any upstream (an error
+    /// reply is the upstream's answer and is passed on each time, as LocalDNS does).
+    unanswered: Map<Key, Instant>,
     timers: BinaryHeap<Reverse<Timer>>,
     hedge_tokens: u32,
     /// Query IDs and socket choices must be unpredictable to an off-path spoofer.
@@ -148,7 +154,8 @@ impl Engine {
                 Map::with_hasher(hasher.clone()),
                 Map::with_hasher(hasher.clone()),
             ],
-            recheck: Map::with_hasher(hasher),
+            recheck: Map::with_hasher(hasher.clone()),
+            unanswered: Map::with_hasher(hasher),
             timers: BinaryHeap::new(),
             hedge_tokens: HEDGE_BURST,
             rng,
@@ -255,6 +262,38 @@ impl Engine {
                 }
                 return Outcome::Answered;
             }
+            // Every upstream of the group is down, or no upstream answered this name a moment
+            // ago (RFC 9520's resolution-failure cache): answered at once, stale where the cache has it, else
+            // SERVFAIL, rather than after a whole query budget. While the group is down a
+            // query goes on in the background whenever a probe is due, so the moment an upstream
+            // answers, forwarding resumes (and the cache is refreshed).
+            let down = self.upstreams.get(group).down(now);
+            let failed_just_now = !stale_known
+                && self
+                    .unanswered
+                    .get(key)
+                    .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
+            if down || failed_just_now {
+                if stale_known {
+                    self.serve_stale_to(client, packet, &q);
+                } else {
+                    wire::local_reply(packet, &q, rcode::SERVFAIL, &mut self.scratch);
+                    self.outbox.push(Dest::Client(client), &self.scratch);
+                }
+                if down && waiting.is_none() && self.upstreams.get(group).probe_due(now) {
+                    self.start(
+                        now,
+                        None,
+                        packet,
+                        q,
+                        Some(key.clone()),
+                        group,
+                        transport,
+                        false,
+                    );
+                }
+                return Outcome::Answered;
+            }
             if let Some(slot) = waiting {
                 let p = self.slots[slot as usize]
                     .pending
@@ -273,6 +312,17 @@ impl Engine {
                     return Outcome::Waiting;
                 }
             }
+        }
+        let upstreams = self.upstreams.get(group);
+        // Without a cache key (cache off), a down group still answers at once; see above.
+        if key.is_none() && upstreams.down(now) {
+            let probe = upstreams.probe_due(now);
+            wire::local_reply(packet, &q, rcode::SERVFAIL, &mut self.scratch);
+            self.outbox.push(Dest::Client(client), &self.scratch);
+            if probe {
+                self.start(now, None, packet, q, None, group, transport, false);
+            }
+            return Outcome::Answered;
         }
         let upstreams = self.upstreams.get(group);
         // Shed load with an explicit REFUSED: the client learns at once and memory stays flat.
@@ -364,6 +414,7 @@ impl Engine {
         if let Some(orphan) = self.take_orphan(&leg) {
             // A late answer to a query already answered: it still proves the upstream alive.
             let took = now.saturating_duration_since(orphan.sent);
+            self.upstreams.get(orphan.group).note_heard(now);
             self.note_reply(orphan.group, from, took, true);
             return;
         }
@@ -374,6 +425,7 @@ impl Engine {
         if !wire::reply_matches(packet, leg.id, p.q.question(&p.query)) {
             return;
         }
+        self.upstreams.get(p.group).note_heard(now);
         let code = wire::rcode(packet);
         let has_question = u16::from_be_bytes([packet[4], packet[5]]) == 1;
         // A reply without a question is acceptable only as an error (FORMERR, BADVERS from a

@@ -298,3 +298,62 @@ fn an_upstream_the_shell_has_no_socket_for_is_skipped() {
     assert_eq!(rig.upstream_sends(), 2);
     assert_eq!(rig.last_upstream().0.to, up(1));
 }
+
+#[test]
+fn a_group_known_down_is_answered_at_once_and_probed_in_the_background() {
+    for transport in BOTH {
+        let mut rig = Rig::new(transport, ListenerRole::Cluster, vec![], vec![up(1)]);
+        rig.query(&query(1, "a.b", None), 0);
+        for ms in [1000, 2000, 2500] {
+            rig.tick(ms);
+        }
+        let answers = rig.to_client();
+        assert_eq!(answers.len(), 1, "{transport:?}: SERVFAIL at the deadline");
+        // Its only upstream lost twice in a row and has sent nothing: the group is down.
+        let before = rig.upstream_sends();
+        assert_eq!(rig.query(&query(2, "c.d", None), 2600), Outcome::Answered);
+        let last = rig.to_client().pop().unwrap();
+        assert_eq!((wire::id(&last), wire::rcode(&last)), (2, rcode::SERVFAIL));
+        assert_eq!(
+            rig.upstream_sends(),
+            before + 1,
+            "a probe goes on in the background"
+        );
+        // Within the probe interval no second probe; still at once.
+        assert_eq!(rig.query(&query(3, "e.f", None), 2700), Outcome::Answered);
+        assert_eq!(rig.upstream_sends(), before + 1);
+        // The probe is answered: forwarding resumes for the next query.
+        let (leg, sent) = rig.last_upstream();
+        rig.reply_at(leg, answer(&sent, 60), leg.to, 2750);
+        assert_eq!(rig.query(&query(4, "g.h", None), 2800), Outcome::Waiting);
+        assert_eq!(rig.upstream_sends(), before + 2);
+    }
+}
+
+#[test]
+fn a_name_no_upstream_answered_is_servfail_at_once_for_a_second_only() {
+    let mut rig = Rig::new(
+        Transport::Udp,
+        ListenerRole::Cluster,
+        vec![],
+        vec![up(1), up(2)],
+    );
+    rig.query(&query(1, "lost.b", None), 0);
+    for ms in [100, 1000, 1100, 2000, 2500] {
+        rig.tick(ms);
+    }
+    assert_eq!(rig.to_client().len(), 1, "SERVFAIL at the deadline");
+    let sends = rig.upstream_sends();
+    // Both upstreams lost only this name's tries: the group is not down, but the name is
+    // answered at once for a second.
+    assert_eq!(
+        rig.query(&query(2, "lost.b", None), 2600),
+        Outcome::Answered
+    );
+    assert_eq!(rig.upstream_sends(), sends);
+    assert_eq!(
+        rig.query(&query(3, "other.b", None), 2600),
+        Outcome::Waiting
+    );
+    assert_eq!(rig.query(&query(4, "lost.b", None), 3600), Outcome::Waiting);
+}
