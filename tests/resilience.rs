@@ -354,13 +354,16 @@ fn tcp_clients_piling_on_a_silent_tcp_upstream_cannot_starve_the_process_of_desc
 /// Every upstream black-holed, with the clients pods really use: the outage's first query waits
 /// out the query budget while its tries time out; from then on the group is known down and every
 /// query is answered at once (SERVFAIL here, stale where the cache has it), while probes test the
-/// upstream in the background. glibc (getent) then fails over within 1 s, and busybox nslookup
-/// (Alpine pods; it takes a SERVFAIL only after asking again) within its own 5 s budget.
+/// upstream in the background. glibc (getent) and Go's own resolver then fail over within 1 s,
+/// and busybox nslookup (Alpine pods; it takes a SERVFAIL only after asking again) within its
+/// own 5 s budget.
 #[test]
 fn real_clients_fail_fast_once_every_upstream_is_known_down() {
+    let dir = TempDir::new("go");
+    let go = go_resolver(dir.path());
     let rig = Rig::namespaces()
         .upstream(Mode::Silent)
-        .tools(&["getent", "busybox"])
+        .tools(&["getent", "busybox", "go"])
         .start();
     let ns = rig.node_ns();
     ns.set_resolv_conf("nameserver 169.254.10.11\noptions timeout:5 attempts:1\n");
@@ -388,11 +391,19 @@ fn real_clients_fail_fast_once_every_upstream_is_known_down() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    let started = Instant::now();
+    let gone = ns
+        .exec(&go, ["go.example"])
+        .output()
+        .expect("run the Go resolver");
+    let golang = started.elapsed();
+    assert!(!gone.status.success(), "Go resolved a black-holed name");
     let dig = rig.dig(rig.cluster, &["dig.example", "A"]);
     eprintln!(
-        "once known down: glibc failed over in {glibc:?}, busybox in {busybox:?}, dig SERVFAIL in {:?}",
+        "once known down: glibc failed over in {glibc:?}, busybox in {busybox:?}, Go in {golang:?}, dig SERVFAIL in {:?}",
         dig.elapsed
     );
+    assert!(golang < Duration::from_secs(1), "Go waited {golang:?}");
     assert!(glibc < Duration::from_secs(1), "glibc waited {glibc:?}");
     assert!(
         busybox < Duration::from_secs(5),

@@ -12,9 +12,10 @@ fi
 
 # dig (bind9-dnsutils), kdig (knot-dnsutils), dnsmasq, unbound and knot (knotd, which signs its
 # zone itself) are the real clients and servers the tests talk to; musl-tools builds a static musl
-# client and busybox is the nslookup of Alpine pods (tests/transparency.rs); iproute2 builds the namespaces; iptables and nftables hold the kube-proxy
+# client, busybox is the nslookup of Alpine pods and golang-go builds a client on Go's own resolver
+# (tests/transparency.rs, tests/resilience.rs); iproute2 builds the namespaces; iptables and nftables hold the kube-proxy
 # shaped rules that discovery reads; curl and promtool (prometheus) scrape and check /metrics.
-packages=(bind9-dnsutils knot-dnsutils knot musl-tools busybox dnsmasq-base unbound iproute2 procps iptables nftables curl prometheus systemd-container debootstrap)
+packages=(bind9-dnsutils knot-dnsutils knot musl-tools busybox golang-go dnsmasq-base unbound iproute2 procps iptables nftables curl prometheus systemd-container debootstrap)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -360,3 +360,54 @@ pub fn dns_answers(at: impl Into<Place>, addr: SocketAddr, name: &str, wait: Dur
     udp_exchange(at, addr, &query, wait)
         .is_some_and(|reply| reply.len() >= 12 && reply[..2] == id.to_be_bytes())
 }
+
+/// A program that resolves its argument with Go's own resolver (as Go programs in pods do:
+/// `net.Resolver{PreferGo: true}`, reading /etc/resolv.conf) and prints each address, or the
+/// error and exit status 1. Built with the Debian Go toolchain into `dir`.
+pub fn go_resolver(dir: &std::path::Path) -> std::path::PathBuf {
+    const SOURCE: &str = r#"package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+)
+
+func main() {
+	r := &net.Resolver{PreferGo: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	addrs, err := r.LookupIPAddr(ctx, os.Args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	for _, a := range addrs {
+		fmt.Println(a.IP)
+	}
+}
+"#;
+    let src = dir.join("resolve.go");
+    std::fs::write(&src, SOURCE).expect("write resolve.go");
+    let bin = dir.join("go-resolve");
+    let out = std::process::Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .env("CGO_ENABLED", "0")
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", dir.join("gopath"))
+        .env("HOME", dir)
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .expect("run go build");
+    assert!(
+        out.status.success(),
+        "go build failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
