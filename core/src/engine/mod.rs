@@ -248,7 +248,7 @@ impl Engine {
                 .is_some_and(|t| now.saturating_duration_since(*t) < self.settings.stale_recheck);
             if stale_known && failed_lately {
                 self.serve_stale_to(client, packet, &q);
-                if waiting.is_none() {
+                if waiting.is_none() && self.inflight < self.settings.max_inflight {
                     self.start(
                         now,
                         None,
@@ -280,7 +280,12 @@ impl Engine {
                     wire::local_reply(packet, &q, rcode::SERVFAIL, &mut self.scratch);
                     self.outbox.push(Dest::Client(client), &self.scratch);
                 }
-                if down && waiting.is_none() && self.upstreams.get(group).probe_due(now) {
+                // A background probe is a query in flight like any other: never over the cap.
+                if down
+                    && waiting.is_none()
+                    && self.inflight < self.settings.max_inflight
+                    && self.upstreams.get(group).probe_due(now)
+                {
                     self.start(
                         now,
                         None,
@@ -316,7 +321,7 @@ impl Engine {
         let upstreams = self.upstreams.get(group);
         // Without a cache key (cache off), a down group still answers at once; see above.
         if key.is_none() && upstreams.down(now) {
-            let probe = upstreams.probe_due(now);
+            let probe = upstreams.probe_due(now) && self.inflight < self.settings.max_inflight;
             wire::local_reply(packet, &q, rcode::SERVFAIL, &mut self.scratch);
             self.outbox.push(Dest::Client(client), &self.scratch);
             if probe {

@@ -357,3 +357,28 @@ fn a_name_no_upstream_answered_is_servfail_at_once_for_a_second_only() {
     );
     assert_eq!(rig.query(&query(4, "lost.b", None), 3600), Outcome::Waiting);
 }
+
+#[test]
+fn background_probes_of_a_down_group_never_go_over_the_inflight_cap() {
+    let mut rig = Rig::with(
+        Transport::Udp,
+        ListenerRole::Cluster,
+        vec![],
+        vec![up(1)],
+        |s| s.max_inflight = 1,
+    );
+    rig.query(&query(1, "a.b", None), 0);
+    for ms in [1000, 2000, 2500] {
+        rig.tick(ms);
+    }
+    // Down: the next query is answered at once and its probe takes the one slot.
+    assert_eq!(rig.query(&query(2, "c.d", None), 2600), Outcome::Answered);
+    assert_eq!(rig.engine.inflight(), 1);
+    // Half a second on a probe is due again, but the slot is taken: no second query in flight.
+    assert_eq!(rig.query(&query(3, "e.f", None), 3200), Outcome::Answered);
+    assert!(
+        rig.engine.inflight() <= 1,
+        "{} in flight",
+        rig.engine.inflight()
+    );
+}
