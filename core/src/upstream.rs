@@ -26,6 +26,9 @@ use crate::stats::{Counters, UpstreamStats};
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Servers whose RTT is at most twice the fastest's plus this count as equally fast.
 const BAND_SLACK_US: u32 = 2_000;
+/// RTT samples a server needs before it can be judged slow: the first reply sets the smoothed
+/// RTT alone, and one reply held up by a busy moment must not cost a server its share.
+const SAMPLES_TO_JUDGE: u32 = 4;
 
 /// What the set knows about one server.
 #[derive(Debug, Default)]
@@ -40,6 +43,8 @@ struct Health {
     probed_ms: AtomicU64,
     /// Recent timeouts, in eighths: a timeout adds `LOSS`, an answer takes one eighth off.
     losses: AtomicU32,
+    /// RTT samples taken, up to `SAMPLES_TO_JUDGE`.
+    samples: AtomicU32,
 }
 
 /// What one timeout adds to a server's loss score; a score of `SUSPECT_AT` or more makes it
@@ -178,7 +183,9 @@ impl UpstreamSet {
         let best = order().filter(healthy).map(srtt).min().unwrap_or(0);
         let in_band = move |i: &usize| {
             let s = srtt(*i);
-            s == 0 || s <= best.saturating_mul(2).saturating_add(BAND_SLACK_US)
+            s == 0
+                || self.health[*i].samples.load(Relaxed) < SAMPLES_TO_JUDGE
+                || s <= best.saturating_mul(2).saturating_add(BAND_SLACK_US)
         };
         if tried.is_empty() {
             let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
@@ -291,6 +298,9 @@ impl UpstreamSet {
         let _ = h
             .losses
             .fetch_update(Relaxed, Relaxed, |l| (l > 0).then(|| l - 1));
+        let _ = h.samples.fetch_update(Relaxed, Relaxed, |n| {
+            (n < SAMPLES_TO_JUDGE).then_some(n + 1)
+        });
         let sample = u32::try_from(took.as_micros()).unwrap_or(u32::MAX).max(1);
         let srtt = h.srtt_us.load(Relaxed);
         if srtt == 0 {
@@ -516,6 +526,30 @@ mod tests {
         for start in 0..4 {
             assert_eq!(pick(&u, start, &[]), Some(addr(2)), "start {start}");
         }
+    }
+
+    #[test]
+    fn one_slow_first_reply_does_not_cost_a_server_its_share() {
+        let u = UpstreamSet::new(vec![addr(1), addr(2)], Instant::now());
+        answer(&u, addr(1), 300, 8);
+        // Its first reply was held up 20 ms (a busy moment): still one of the equals.
+        answer(&u, addr(2), 20_000, 1);
+        let t = u.epoch + Duration::from_secs(10);
+        let to_2 = (0..20)
+            .filter(|&k| u.choose(k, &[], &[], t).unwrap().addr == addr(2))
+            .count();
+        assert_eq!(to_2, 10, "an even share");
+        // Slow reply after slow reply: judged slow, and probed only.
+        answer(&u, addr(2), 20_000, 3);
+        let to_2 = (0..20)
+            .filter(|&k| {
+                let c = u
+                    .choose(k, &[], &[], t + Duration::from_millis(k as u64))
+                    .unwrap();
+                c.addr == addr(2) && !c.probe
+            })
+            .count();
+        assert_eq!(to_2, 0, "a slow server gets probes only");
     }
 
     #[test]
