@@ -20,8 +20,9 @@
 //!
 //! The node, start-up and reporting:
 //! - [`discover`]: upstreams from the node's own state, one file per source, and following them.
-//! - [`listen`]: socket binding (IP_FREEBIND, SO_REUSEPORT shared with LocalDNS, a steering
-//!   program that keeps flows on our sockets, bounded retry while a port is busy).
+//! - [`listen`]: socket binding (IP_FREEBIND, SO_REUSEPORT shared with LocalDNS, bounded retry
+//!   while a port is busy) and the steering programs that put flows on our sockets or LocalDNS's.
+//! - [`probe`]: LocalDNS's own probe question on both listeners: is LocalDNS serving?
 //! - [`link`]: the listener addresses on `lo`, over rtnetlink.
 //! - [`privilege`]: dropping capabilities once start-up is done.
 //! - [`confine`]: no writes to the node's files, from the first instant (Landlock).
@@ -29,11 +30,13 @@
 //! - [`metrics`]: `/metrics` in Prometheus text format over the counters.
 //! - [`cli`]: the flags, which are the whole configuration (no config file by design).
 //! - [`report`]: `localdns-fallback discover`, what the daemon would use.
-//! - [`server`]: start-up (link, bind, privileges) and serving until the stop signal.
+//! - [`server`]: start-up (the guard beside a serving LocalDNS, link, bind, privileges), serving
+//!   until the stop signal, and the standby mode.
 //!
-//! The unit tests of the pure modules run without a network; `tests/loopback.rs` runs the real
-//! binary on loopback without root; the other integration tests in `tests/` run it in network
-//! namespaces against real DNS servers and real clients, and under a real systemd.
+//! The unit tests of the pure modules run without a network; the integration tests in `tests/`
+//! run the real binary on loopback without root where the node's namespaces are not needed (the
+//! kit in `tests/common`, `Rig::loopback`), and otherwise in network namespaces against real DNS
+//! servers and real clients, and under a real systemd.
 
 pub use localdns_fallback_core::{
     answer, cache, engine, frame, handoff, roles, stats, upstream, wire,

@@ -17,7 +17,7 @@
 //!   cache, coalescing, tries and deadlines, shedding, health. Inputs in, transmits and events out.
 //! - [`handoff`]: leaving without a gap when LocalDNS is back: the sequence, and when the drain
 //!   after the hand-over is done.
-//! - [`rig`] (tests, and feature `rig`): an engine on a fake clock with everything it sends kept,
+//! - `rig` (tests, and feature `rig`): an engine on a fake clock with everything it sends kept,
 //!   for the unit tests and the fuzz targets alike.
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 

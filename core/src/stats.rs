@@ -1,5 +1,5 @@
 //! Plain counters: what the serving loops and discovery count, read at scrape time by
-//! [`crate::metrics`] and by the minute summary. Relaxed atomics only, so counting never waits;
+//! the daemon's `metrics` and by the minute summary. Relaxed atomics only, so counting never waits;
 //! each listener has its own block so the two relay threads never write to the same cache line.
 
 use std::collections::BTreeMap;

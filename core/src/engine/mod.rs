@@ -13,7 +13,7 @@
 //!    (things worth a log line);
 //! 3. sleep until [`Engine::poll_timeout`] or the next input, whichever comes first.
 //!
-//! A query's life: its first try goes to the upstream [`UpstreamSet::choose`] picks. If that one
+//! A query's life: its first try goes to the upstream [`crate::upstream::UpstreamSet::choose`] picks. If that one
 //! has not answered within its usual time (its RTT plus deviations, at least `HEDGE_FLOOR`), the
 //! query is also sent to the next upstream (a hedge: at most one per query, and hedges stay a
 //! bounded share of the load); if a try's budget runs out, or the network refuses it, or the
