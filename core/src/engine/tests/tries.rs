@@ -382,3 +382,30 @@ fn background_probes_of_a_down_group_never_go_over_the_inflight_cap() {
         rig.engine.inflight()
     );
 }
+
+#[test]
+fn a_group_known_down_answers_stale_at_once_even_for_a_name_not_asked_during_the_outage() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    rig.query(&query(1, "cached.b", None), 0);
+    let (leg, sent) = rig.last_upstream();
+    rig.reply_at(leg, answer(&sent, 1), leg.to, 1);
+    // The outage: another name's tries time out; the only upstream is down from 12.0 s on.
+    rig.query(&query(2, "other.b", None), 10_000);
+    for ms in [11_000, 12_000, 12_500] {
+        rig.tick(ms);
+    }
+    let sends = rig.upstream_sends();
+    // The expired answer is served at once, not after serve-stale's 1.8 s.
+    assert_eq!(
+        rig.query(&query(3, "cached.b", None), 12_600),
+        Outcome::Answered
+    );
+    let stale = rig.to_client().pop().unwrap();
+    assert_eq!((wire::id(&stale), wire::rcode(&stale)), (3, rcode::NOERROR));
+    assert_eq!(wire::answer_count(&stale), 1);
+    assert_eq!(
+        rig.upstream_sends(),
+        sends + 1,
+        "and refreshed in the background"
+    );
+}
