@@ -147,6 +147,14 @@ impl Held {
         }
     }
 
+    /// New flows to LocalDNS on every listener (none skipped when one fails); true if all of
+    /// them were handed over.
+    pub fn hand_over_all(held: &[Held]) -> bool {
+        held.iter()
+            .map(Held::hand_over)
+            .fold(true, |all, handed| all & handed)
+    }
+
     /// New flows to us again, except LocalDNS's probe questions over UDP, which go on reaching
     /// LocalDNS's own sockets (the standby mode asks them to learn when to hand back). Our place
     /// and the group's size are read afresh: members came and went while we stood by. False if

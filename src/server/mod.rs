@@ -1,8 +1,12 @@
-//! Start-up and shutdown: [`prepare`] does what needs privilege (the `localdns` link, binding the
-//! listeners, then dropping capabilities); [`serve`] starts the relay threads, the TCP tasks and
-//! discovery, serves until the stop signal, closes the listeners first and drains briefly.
+//! Start-up and shutdown. `standby` first asks whether LocalDNS serves (and, with `--standby`,
+//! later moves the flows as it answers or not); `prepare` does what needs privilege (the
+//! listener addresses, binding, then dropping capabilities); `serve` is the lifecycle of a
+//! running daemon, built of `listener` (one listener's relay threads and TCP task) and
+//! `reporting` (status line, metrics, watchdog).
 
+mod listener;
 mod prepare;
+mod reporting;
 mod serve;
 mod standby;
 

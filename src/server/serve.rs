@@ -1,36 +1,36 @@
-//! Serving: the relay threads of both listeners, their TCP tasks, discovery, the status line,
-//! metrics and the watchdog; on the stop signal the listeners close first, then work in flight
-//! gets a moment to finish.
+//! Serving, as one lifecycle: [`Running::start`] starts discovery, both listeners
+//! (`listener`), the reporting tasks (`reporting`) and the steering's follower;
+//! [`Running::stop`] hands new flows to LocalDNS, closes the listeners and lets work in flight
+//! finish for a moment. On standby (`standby`) the steering follows LocalDNS's answers instead.
 
 use std::future::Future;
-use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinHandle};
 
+use super::listener::{Shared, start_listener};
 use super::prepare::Prepared;
+use super::reporting::start_reporting;
 use super::standby;
 use crate::cache::{Cache, KeyHasher};
 use crate::cli::Config;
 use crate::discover::follow;
-use crate::engine::{self, Engine};
-use crate::listen::{Bound, Held};
-use crate::mailbox::Mailbox;
-use crate::probe::{OwnProbes, Prober};
-use crate::relay::{self, Relay, Stop};
+use crate::link;
+use crate::listen::Held;
+use crate::probe::OwnProbes;
+use crate::relay::Stop;
 use crate::roles::{ListenerRole, UpstreamGroup};
-use crate::stats::{Counters, Totals};
-use crate::systemd::{self, Heartbeats, Notifier};
-use crate::tcp::{self, ClientSide};
+use crate::stats::Counters;
+use crate::systemd::{Heartbeats, Notifier};
+use crate::tcp;
 use crate::tcp_pool::UpstreamSide;
 use crate::upstream::{UpstreamSet, UpstreamSets};
-use crate::{link, listen, metrics};
 
 /// How long queries already read may take to finish after the listeners close (TCP clients in
 /// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
-const DRAIN: Duration = Duration::from_secs(1);
+pub(super) const DRAIN: Duration = Duration::from_secs(1);
 /// How long the first look for upstreams may hold back serving. Queries meanwhile wait in the
 /// bound sockets' buffers; a slower look finishes in the background while we serve.
 const FIRST_LOOK: Duration = Duration::from_secs(3);
@@ -38,8 +38,6 @@ const FIRST_LOOK: Duration = Duration::from_secs(3);
 /// listeners' client connections (2 x `--max-tcp-connections`, 512 by default) and the UDP
 /// sockets this stays well under systemd's default soft limit of 1,024 descriptors.
 const MAX_TCP_EXCHANGES: usize = 256;
-/// How often a summary line is logged (and systemd's STATUS= refreshed) while serving.
-const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
 /// Serves until `shutdown`. With `--standby`, the flows go to LocalDNS while it answers (it did at
 /// start if `localdns_serves`), and to us while it does not.
@@ -55,20 +53,8 @@ pub async fn serve(
         running.stop().await;
         return Ok(());
     }
-    let prober = Prober::new(&standby::probed(&config), rand::random())
-        .map_err(|e| format!("cannot make the standby's probe sockets: {e}"))?;
-    let own = Arc::new(OwnProbes::new(prober.ports(), &standby::probed(&config)));
-    if localdns_serves {
-        // Bound a moment ago with the steering on us: LocalDNS gets its flows back before
-        // anything else starts (discovery's first look alone can take seconds).
-        for bound in [&prepared.node, &prepared.cluster] {
-            if let Ok(h) = Held::new(bound) {
-                h.hand_over();
-            }
-        }
-        tracing::info!("LocalDNS answers on both listeners; standing by");
-    }
-    let running = Running::start(config, prepared, own).await?;
+    let (prober, own_probes) = standby::begin(&config, &prepared, localdns_serves)?;
+    let running = Running::start(config, prepared, own_probes).await?;
     tokio::select! {
         () = shutdown => {}
         () = standby::stand_by(prober, running.held.clone(), running.config.clone(), localdns_serves) => {}
@@ -83,8 +69,8 @@ struct Running {
     notifier: Arc<Notifier>,
     /// The listeners' steering and sockets, for the hand-over to LocalDNS at the stop.
     held: Arc<Mutex<Vec<Held>>>,
-    /// Keeps `held` on our own sockets; ends first at the stop.
-    following: AbortHandle,
+    /// Keeps `held` on our own sockets (not on standby); ends first at the stop.
+    following: Option<AbortHandle>,
     /// The status line, metrics and watchdog: they end at the stop without a word.
     reporting: Vec<AbortHandle>,
     /// Discovery and the TCP listeners' tasks: they end on `stop_tx`, and are waited for.
@@ -98,31 +84,6 @@ struct Running {
     /// With nothing to discover, the sender of the upstream sets, kept so receivers never see a
     /// closed channel.
     publish_kept: Option<watch::Sender<Arc<UpstreamSets>>>,
-}
-
-/// What the relay threads and TCP tasks of both listeners are started with.
-struct Shared<'a> {
-    config: &'a Config,
-    /// The upstreams as the first look left them; later changes reach the relays by `sets_rx`.
-    sets: &'a Arc<UpstreamSets>,
-    counters: &'a Arc<Counters>,
-    sets_rx: &'a watch::Receiver<Arc<UpstreamSets>>,
-    cache: &'a Option<Arc<Mutex<Cache>>>,
-    upstream_tcp: &'a Arc<UpstreamSide>,
-    heartbeats: &'a Arc<Heartbeats>,
-    relay_stop: &'a Arc<Stop>,
-    stop_rx: &'a watch::Receiver<bool>,
-    drain_tx: &'a mpsc::Sender<()>,
-    own_probes: &'a Arc<OwnProbes>,
-    /// Client connections per listener, within the descriptor limit.
-    tcp_cap: usize,
-}
-
-/// One listener, started: its hold on the steering, its relay threads and its TCP task.
-struct Started {
-    held: Held,
-    relay_threads: Vec<std::thread::JoinHandle<()>>,
-    tcp: JoinHandle<()>,
 }
 
 impl Running {
@@ -226,11 +187,8 @@ impl Running {
         );
         let held = Arc::new(Mutex::new(held));
         // On standby, the steering follows LocalDNS's answers instead (see `standby`).
-        let following = if config.standby {
-            tokio::spawn(std::future::pending::<()>()).abort_handle()
-        } else {
-            tokio::spawn(follow_steering(held.clone())).abort_handle()
-        };
+        let following =
+            (!config.standby).then(|| tokio::spawn(follow_steering(held.clone())).abort_handle());
         Ok(Running {
             config,
             notifier,
@@ -266,13 +224,14 @@ impl Running {
             publish_kept,
         } = self;
         notifier.notify("STOPPING=1");
-        following.abort();
+        if let Some(following) = following {
+            following.abort();
+        }
         // New flows to LocalDNS first (when it has joined our ports): the relay threads then
         // answer what already reached us before they close.
         let held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
-        // Every listener hands over (no short cut), and the drain needs all of them handed.
-        let handed: Vec<bool> = held.iter().map(Held::hand_over).collect();
-        let handed = handed.iter().all(|&h| h);
+        // The drain needs every listener handed over.
+        let handed = Held::hand_over_all(&held);
         if handed {
             tracing::info!("stopping: new flows go to LocalDNS; answering what we have");
         } else {
@@ -343,135 +302,6 @@ fn flag_upstreams(config: &Config, counters: &Arc<Counters>) -> Arc<UpstreamSets
     sets
 }
 
-/// The status line, `/metrics` (if asked for) and the systemd watchdog (if armed).
-fn start_reporting(
-    notifier: &Arc<Notifier>,
-    config: &Arc<Config>,
-    sets_rx: &watch::Receiver<Arc<UpstreamSets>>,
-    counters: &Arc<Counters>,
-    cache: &Option<Arc<Mutex<Cache>>>,
-    heartbeats: &Arc<Heartbeats>,
-    metrics_listener: Option<tokio::net::TcpListener>,
-) -> Vec<AbortHandle> {
-    let mut reporting = vec![
-        tokio::spawn(report_status(
-            notifier.clone(),
-            config.clone(),
-            sets_rx.clone(),
-            counters.clone(),
-        ))
-        .abort_handle(),
-    ];
-    if let Some(listener) = metrics_listener {
-        tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
-        reporting.push(
-            tokio::spawn(metrics::serve(
-                listener,
-                counters.clone(),
-                sets_rx.clone(),
-                cache.clone(),
-            ))
-            .abort_handle(),
-        );
-    }
-    if let Some(timeout) = Notifier::watchdog_timeout() {
-        tracing::info!(?timeout, "feeding the systemd watchdog");
-        reporting.push(
-            tokio::spawn(systemd::watchdog(
-                notifier.clone(),
-                heartbeats.clone(),
-                timeout,
-            ))
-            .abort_handle(),
-        );
-    }
-    reporting
-}
-
-/// Starts one listener: `--udp-threads` relay threads on its UDP socket (heartbeats from
-/// `index * threads`) and the task that accepts its TCP connections.
-fn start_listener(
-    shared: &Shared<'_>,
-    index: usize,
-    role: ListenerRole,
-    bound: Bound,
-) -> Result<Started, String> {
-    let config = shared.config;
-    let threads = config.udp_threads;
-    let sets = shared.sets;
-    log_listener(role, bound.addr, sets, config, &bound.udp);
-    let held =
-        Held::new(&bound).map_err(|e| format!("cannot keep the sockets of {}: {e}", bound.addr))?;
-    // Each thread has its own engine, upstream sockets, pending queries and timers; they share
-    // the listener socket itself, and epoll wakes one of them per datagram.
-    let mut mailboxes = Vec::new();
-    let mut relay_threads = Vec::new();
-    for t in 0..threads {
-        let udp = bound
-            .udp
-            .try_clone()
-            .map_err(|e| format!("cannot share the UDP socket of {}: {e}", bound.addr))?;
-        let settings = engine::Settings {
-            cluster_domain: config.cluster_domain_wire.clone(),
-            upstream_timeout: config.upstream_timeout,
-            query_timeout: config.query_timeout,
-            max_inflight: config.max_inflight,
-            udp_sockets_per_upstream: config.upstream_sockets,
-            ..engine::Settings::default()
-        };
-        let stats = shared.counters.listener(role).clone();
-        let engine = Engine::new(
-            role,
-            settings,
-            sets.clone(),
-            shared.cache.clone(),
-            stats.clone(),
-            rand::random(),
-        );
-        let mailbox = Mailbox::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
-        mailboxes.push(mailbox.clone());
-        let relay = Relay {
-            engine,
-            listener: udp,
-            sockets_per_upstream: config.upstream_sockets,
-            mailbox,
-            tcp: shared.upstream_tcp.clone(),
-            upstreams: shared.sets_rx.clone(),
-            stats,
-            stop: shared.relay_stop.clone(),
-            heartbeat: (shared.heartbeats.clone(), index * threads + t),
-            drain: DRAIN,
-            own_probes: shared.own_probes.clone(),
-        };
-        let thread = std::thread::Builder::new()
-            .name(format!("relay-{}-{t}", role.name()))
-            .spawn(move || relay::run(relay))
-            .map_err(|e| format!("cannot start a relay thread: {e}"))?;
-        relay_threads.push(thread);
-    }
-    drop(bound.udp);
-    let side = Arc::new(ClientSide::new(
-        role,
-        mailboxes,
-        shared.tcp_cap,
-        config.tcp_idle_timeout,
-        config.query_timeout,
-    ));
-    let listener = tokio::net::TcpListener::from_std(bound.tcp)
-        .map_err(|e| format!("cannot register TCP socket {}: {e}", bound.addr))?;
-    let tcp = tokio::spawn(tcp::serve(
-        listener,
-        side,
-        shared.stop_rx.clone(),
-        shared.drain_tx.clone(),
-    ));
-    Ok(Started {
-        held,
-        relay_threads,
-        tcp,
-    })
-}
-
 /// How often our place in the ports' SO_REUSEPORT groups is looked at while we serve. Our place
 /// moves only when a member that joined before us leaves: an orphaned CoreDNS, or, during
 /// `systemctl restart localdns`, the old LocalDNS server, whose index the new one takes when it
@@ -489,92 +319,5 @@ async fn follow_steering(held: Arc<Mutex<Vec<Held>>>) {
         for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
             h.follow();
         }
-    }
-}
-
-/// Keeps systemd's STATUS= line current (what is served, by whom, how it went in the last
-/// minute), so `systemctl status` tells at a glance, and logs the same summary every minute.
-async fn report_status(
-    notifier: Arc<Notifier>,
-    config: Arc<Config>,
-    mut sets: watch::Receiver<Arc<UpstreamSets>>,
-    counters: Arc<Counters>,
-) {
-    let mut ticker =
-        tokio::time::interval_at(tokio::time::Instant::now() + SUMMARY_EVERY, SUMMARY_EVERY);
-    let mut last = counters.totals();
-    let mut minute = Totals::default();
-    loop {
-        let (vnet_dns, kube_dns) = {
-            let s = sets.borrow_and_update();
-            (list(&s.vnet_dns), list(&s.kube_dns))
-        };
-        notifier.notify(&format!(
-            "STATUS=serving {} and {}; last minute: {} answers, {} SERVFAIL, {} stale, {} shed; VNet DNS: {vnet_dns}; kube-dns: {kube_dns}",
-            config.node_listen,
-            config.cluster_listen,
-            minute.answers,
-            minute.servfail,
-            minute.stale,
-            minute.shed
-        ));
-        tokio::select! {
-            _ = ticker.tick() => {
-                let now = counters.totals();
-                minute = now.since(last);
-                last = now;
-                tracing::info!(
-                    answers = minute.answers,
-                    servfail = minute.servfail,
-                    stale = minute.stale,
-                    shed = minute.shed,
-                    vnet_dns,
-                    kube_dns,
-                    "serving; the last minute"
-                );
-            }
-            changed = sets.changed() => if changed.is_err() { return },
-        }
-    }
-}
-
-fn list(u: &UpstreamSet) -> String {
-    if u.is_empty() {
-        return "none".to_string();
-    }
-    u.addrs()
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn log_listener(
-    role: ListenerRole,
-    addr: SocketAddr,
-    sets: &UpstreamSets,
-    config: &Config,
-    udp: &UdpSocket,
-) {
-    let (recv_buffer, send_buffer) = listen::buffers(udp);
-    match role {
-        ListenerRole::Node => tracing::info!(
-            listener = role.name(),
-            %addr,
-            vnet_dns = ?sets.vnet_dns.addrs(),
-            kube_dns = ?sets.kube_dns.addrs(),
-            cluster_domain = %config.cluster_domain,
-            recv_buffer,
-            send_buffer,
-            "serving UDP and TCP: the cluster domain goes to kube-dns, all else to the VNet DNS"
-        ),
-        ListenerRole::Cluster => tracing::info!(
-            listener = role.name(),
-            %addr,
-            kube_dns = ?sets.kube_dns.addrs(),
-            recv_buffer,
-            send_buffer,
-            "serving UDP and TCP: every name goes to kube-dns"
-        ),
     }
 }

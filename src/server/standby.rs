@@ -18,10 +18,11 @@ use std::time::Duration;
 use nix::sys::socket::MsgFlags;
 use tokio::io::unix::AsyncFd;
 
+use super::prepare::Prepared;
 use crate::cli::Config;
 use crate::link;
 use crate::listen::Held;
-use crate::probe::{self, Prober, Seen};
+use crate::probe::{self, OwnProbes, Prober, Seen};
 
 /// Written by the drop-in wiring's script while LocalDNS is being stopped for a restart: it
 /// starts the fallback beside a LocalDNS that still answers, to take over before it goes.
@@ -53,6 +54,28 @@ pub async fn localdns_serves(config: &Config) -> bool {
 /// LocalDNS is going away.
 pub fn localdns_stopping() -> bool {
     Path::new(LOCALDNS_STOPPING).exists()
+}
+
+/// The standby's prober, and what the relays need to drop its questions. Beside a LocalDNS that
+/// answers, the listeners bound a moment ago with the steering on us give LocalDNS its flows back
+/// before anything else starts (discovery's first look alone can take seconds).
+pub fn begin(
+    config: &Config,
+    prepared: &Prepared,
+    localdns_serves: bool,
+) -> Result<(Prober, Arc<OwnProbes>), String> {
+    let prober = Prober::new(&probed(config), rand::random())
+        .map_err(|e| format!("cannot make the standby's probe sockets: {e}"))?;
+    let own = Arc::new(OwnProbes::new(prober.ports(), &probed(config)));
+    if localdns_serves {
+        for bound in [&prepared.node, &prepared.cluster] {
+            if let Ok(h) = Held::new(bound) {
+                h.hand_over();
+            }
+        }
+        tracing::info!("LocalDNS answers on both listeners; standing by");
+    }
+    Ok((prober, own))
 }
 
 /// Who holds the flows.
@@ -186,14 +209,7 @@ fn refresh(held: &Mutex<Vec<Held>>) {
 /// True once new flows go to LocalDNS; false if it has no socket in our ports' groups (then we
 /// keep serving, and the listener addresses stay on lo).
 fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
-    // Every listener hands over (no short cut).
-    let handed: Vec<bool> = held
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(Held::hand_over)
-        .collect();
-    let handed = handed.iter().all(|&h| h);
+    let handed = Held::hand_over_all(&held.lock().unwrap_or_else(|p| p.into_inner()));
     if !handed {
         refresh(held);
         return false;

@@ -1,0 +1,163 @@
+//! One listener, started: `--udp-threads` relay threads sharing its UDP socket, each with an
+//! engine of its own, and the task that accepts its TCP connections and hands their queries to
+//! those threads.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::serve::DRAIN;
+use crate::cache::Cache;
+use crate::cli::Config;
+use crate::engine::{self, Engine};
+use crate::listen::{self, Bound, Held};
+use crate::mailbox::Mailbox;
+use crate::probe::OwnProbes;
+use crate::relay::{self, Relay, Stop};
+use crate::roles::ListenerRole;
+use crate::stats::Counters;
+use crate::systemd::Heartbeats;
+use crate::tcp::{self, ClientSide};
+use crate::tcp_pool::UpstreamSide;
+use crate::upstream::UpstreamSets;
+
+/// What the relay threads and TCP tasks of both listeners are started with.
+pub(super) struct Shared<'a> {
+    pub(super) config: &'a Config,
+    /// The upstreams as the first look left them; later changes reach the relays by `sets_rx`.
+    pub(super) sets: &'a Arc<UpstreamSets>,
+    pub(super) counters: &'a Arc<Counters>,
+    pub(super) sets_rx: &'a watch::Receiver<Arc<UpstreamSets>>,
+    pub(super) cache: &'a Option<Arc<Mutex<Cache>>>,
+    pub(super) upstream_tcp: &'a Arc<UpstreamSide>,
+    pub(super) heartbeats: &'a Arc<Heartbeats>,
+    pub(super) relay_stop: &'a Arc<Stop>,
+    pub(super) stop_rx: &'a watch::Receiver<bool>,
+    pub(super) drain_tx: &'a mpsc::Sender<()>,
+    pub(super) own_probes: &'a Arc<OwnProbes>,
+    /// Client connections per listener, within the descriptor limit.
+    pub(super) tcp_cap: usize,
+}
+
+/// One listener, started: its hold on the steering, its relay threads and its TCP task.
+pub(super) struct Started {
+    pub(super) held: Held,
+    pub(super) relay_threads: Vec<std::thread::JoinHandle<()>>,
+    pub(super) tcp: JoinHandle<()>,
+}
+
+/// Starts one listener: `--udp-threads` relay threads on its UDP socket (heartbeats from
+/// `index * threads`) and the task that accepts its TCP connections.
+pub(super) fn start_listener(
+    shared: &Shared<'_>,
+    index: usize,
+    role: ListenerRole,
+    bound: Bound,
+) -> Result<Started, String> {
+    let config = shared.config;
+    let threads = config.udp_threads;
+    let sets = shared.sets;
+    log_listener(role, bound.addr, sets, config, &bound.udp);
+    let held =
+        Held::new(&bound).map_err(|e| format!("cannot keep the sockets of {}: {e}", bound.addr))?;
+    // Each thread has its own engine, upstream sockets, pending queries and timers; they share
+    // the listener socket itself, and epoll wakes one of them per datagram.
+    let mut mailboxes = Vec::new();
+    let mut relay_threads = Vec::new();
+    for t in 0..threads {
+        let udp = bound
+            .udp
+            .try_clone()
+            .map_err(|e| format!("cannot share the UDP socket of {}: {e}", bound.addr))?;
+        let settings = engine::Settings {
+            cluster_domain: config.cluster_domain_wire.clone(),
+            upstream_timeout: config.upstream_timeout,
+            query_timeout: config.query_timeout,
+            max_inflight: config.max_inflight,
+            udp_sockets_per_upstream: config.upstream_sockets,
+            ..engine::Settings::default()
+        };
+        let stats = shared.counters.listener(role).clone();
+        let engine = Engine::new(
+            role,
+            settings,
+            sets.clone(),
+            shared.cache.clone(),
+            stats.clone(),
+            rand::random(),
+        );
+        let mailbox = Mailbox::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
+        mailboxes.push(mailbox.clone());
+        let relay = Relay {
+            engine,
+            listener: udp,
+            sockets_per_upstream: config.upstream_sockets,
+            mailbox,
+            tcp: shared.upstream_tcp.clone(),
+            upstreams: shared.sets_rx.clone(),
+            stats,
+            stop: shared.relay_stop.clone(),
+            heartbeat: (shared.heartbeats.clone(), index * threads + t),
+            drain: DRAIN,
+            own_probes: shared.own_probes.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("relay-{}-{t}", role.name()))
+            .spawn(move || relay::run(relay))
+            .map_err(|e| format!("cannot start a relay thread: {e}"))?;
+        relay_threads.push(thread);
+    }
+    drop(bound.udp);
+    let side = Arc::new(ClientSide::new(
+        role,
+        mailboxes,
+        shared.tcp_cap,
+        config.tcp_idle_timeout,
+        config.query_timeout,
+    ));
+    let listener = tokio::net::TcpListener::from_std(bound.tcp)
+        .map_err(|e| format!("cannot register TCP socket {}: {e}", bound.addr))?;
+    let tcp = tokio::spawn(tcp::serve(
+        listener,
+        side,
+        shared.stop_rx.clone(),
+        shared.drain_tx.clone(),
+    ));
+    Ok(Started {
+        held,
+        relay_threads,
+        tcp,
+    })
+}
+
+fn log_listener(
+    role: ListenerRole,
+    addr: SocketAddr,
+    sets: &UpstreamSets,
+    config: &Config,
+    udp: &UdpSocket,
+) {
+    let (recv_buffer, send_buffer) = listen::buffers(udp);
+    match role {
+        ListenerRole::Node => tracing::info!(
+            listener = role.name(),
+            %addr,
+            vnet_dns = ?sets.vnet_dns.addrs(),
+            kube_dns = ?sets.kube_dns.addrs(),
+            cluster_domain = %config.cluster_domain,
+            recv_buffer,
+            send_buffer,
+            "serving UDP and TCP: the cluster domain goes to kube-dns, all else to the VNet DNS"
+        ),
+        ListenerRole::Cluster => tracing::info!(
+            listener = role.name(),
+            %addr,
+            kube_dns = ?sets.kube_dns.addrs(),
+            recv_buffer,
+            send_buffer,
+            "serving UDP and TCP: every name goes to kube-dns"
+        ),
+    }
+}
