@@ -248,54 +248,24 @@ impl Engine {
                 .is_some_and(|t| now.saturating_duration_since(*t) < self.settings.stale_recheck);
             if stale_known && failed_lately {
                 self.serve_stale_to(client, packet, &q);
-                if waiting.is_none() && self.inflight < self.settings.max_inflight {
-                    self.start(
-                        now,
-                        None,
-                        packet,
-                        q,
-                        Some(key.clone()),
-                        group,
-                        transport,
-                        false,
-                    );
+                if waiting.is_none() {
+                    self.refresh_in_background(now, packet, q, Some(key.clone()), group, transport);
                 }
                 return Outcome::Answered;
             }
             // Every upstream of the group is down, or no upstream answered this name a moment
-            // ago (RFC 9520's resolution-failure cache): answered at once, stale where the cache has it, else
-            // SERVFAIL, rather than after a whole query budget. While the group is down a
-            // query goes on in the background whenever a probe is due, so the moment an upstream
-            // answers, forwarding resumes (and the cache is refreshed).
-            let down = self.upstreams.get(group).down(now);
+            // ago (RFC 9520's resolution-failure cache): answered at once rather than after a
+            // whole query budget.
             let failed_just_now = !stale_known
+                && !self.unanswered.is_empty()
                 && self
                     .unanswered
                     .get(key)
                     .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
-            if down || failed_just_now {
-                if stale_known {
-                    self.serve_stale_to(client, packet, &q);
-                } else {
-                    wire::local_reply(packet, &q, rcode::SERVFAIL, &mut self.scratch);
-                    self.outbox.push(Dest::Client(client), &self.scratch);
-                }
-                // A background probe is a query in flight like any other: never over the cap.
-                if down
-                    && waiting.is_none()
-                    && self.inflight < self.settings.max_inflight
-                    && self.upstreams.get(group).probe_due(now)
-                {
-                    self.start(
-                        now,
-                        None,
-                        packet,
-                        q,
-                        Some(key.clone()),
-                        group,
-                        transport,
-                        false,
-                    );
+            if failed_just_now || self.upstreams.get(group).down(now) {
+                self.answer_at_once(client, packet, &q, stale_known);
+                if waiting.is_none() {
+                    self.probe_if_down(now, packet, q, Some(key.clone()), group, transport);
                 }
                 return Outcome::Answered;
             }
@@ -318,15 +288,10 @@ impl Engine {
                 }
             }
         }
-        let upstreams = self.upstreams.get(group);
-        // Without a cache key (cache off), a down group still answers at once; see above.
-        if key.is_none() && upstreams.down(now) {
-            let probe = upstreams.probe_due(now) && self.inflight < self.settings.max_inflight;
-            wire::local_reply(packet, &q, rcode::SERVFAIL, &mut self.scratch);
-            self.outbox.push(Dest::Client(client), &self.scratch);
-            if probe {
-                self.start(now, None, packet, q, None, group, transport, false);
-            }
+        // Without a cache key (the cache off) a down group answers at once too; see above.
+        if key.is_none() && self.upstreams.get(group).down(now) {
+            self.answer_at_once(client, packet, &q, false);
+            self.probe_if_down(now, packet, q, None, group, transport);
             return Outcome::Answered;
         }
         let upstreams = self.upstreams.get(group);
@@ -354,6 +319,51 @@ impl Engine {
             stale_known,
         );
         Outcome::Waiting
+    }
+
+    /// The answer for a group that is down or a name that just failed: stale if `stale`, else
+    /// SERVFAIL.
+    fn answer_at_once(&mut self, client: Client, packet: &[u8], q: &wire::Query, stale: bool) {
+        if stale {
+            self.serve_stale_to(client, packet, q);
+        } else {
+            wire::local_reply(packet, q, rcode::SERVFAIL, &mut self.scratch);
+            self.outbox.push(Dest::Client(client), &self.scratch);
+        }
+    }
+
+    /// While the group is down, a query goes on in the background whenever a probe is due, so
+    /// the moment an upstream answers, forwarding resumes (and the cache, under `key`, is
+    /// refreshed).
+    fn probe_if_down(
+        &mut self,
+        now: Instant,
+        packet: &[u8],
+        q: wire::Query,
+        key: Option<Key>,
+        group: UpstreamGroup,
+        transport: Transport,
+    ) {
+        let upstreams = self.upstreams.get(group);
+        if upstreams.down(now) && upstreams.probe_due(now) {
+            self.refresh_in_background(now, packet, q, key, group, transport);
+        }
+    }
+
+    /// A query with no client, only to refresh the cache or probe an upstream. It is in flight
+    /// like any other, so never over the cap.
+    fn refresh_in_background(
+        &mut self,
+        now: Instant,
+        packet: &[u8],
+        q: wire::Query,
+        key: Option<Key>,
+        group: UpstreamGroup,
+        transport: Transport,
+    ) {
+        if self.inflight < self.settings.max_inflight {
+            self.start(now, None, packet, q, key, group, transport, false);
+        }
     }
 
     /// A new query in flight, for `client` or (with `None`) only to refresh the cache.
