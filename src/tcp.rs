@@ -11,7 +11,7 @@
 //! the new one turned away. Past half the cap, a connection that goes idle gets less time, down
 //! to a tenth of `--tcp-idle-timeout` when full.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,16 +48,20 @@ pub struct ClientSide {
     idle: Duration,
     /// How long a closing connection waits for answers to queries it already sent.
     answer_wait: Duration,
-    /// The open connections, and which of them wait for a query, oldest first.
-    open: Mutex<Open>,
+    /// The open connections, to pick the one idle the longest when the cap is reached. Each
+    /// connection marks itself idle or busy in its own atomic (no lock per query); only opening,
+    /// closing and the rare eviction take the lock.
+    open: Mutex<HashMap<ConnId, Arc<Conn>>>,
+    /// The origin of `Conn::idle_since_ms`.
+    epoch: Instant,
 }
 
-#[derive(Default)]
-struct Open {
-    /// Every open connection: since when it has been idle (None: a query is being read or is in
-    /// flight), and how to close it.
-    conns: HashMap<ConnId, (Option<Instant>, Arc<Notify>)>,
-    idle: BTreeSet<(Instant, ConnId)>,
+/// What the listener knows of one connection.
+struct Conn {
+    /// Since when it waits for a query, in ms since `ClientSide::epoch` plus one; 0 while a query
+    /// is being read.
+    idle_since_ms: AtomicU64,
+    close: Notify,
 }
 
 impl ClientSide {
@@ -77,53 +81,56 @@ impl ClientSide {
             idle,
             answer_wait,
             open: Mutex::default(),
+            epoch: Instant::now(),
         }
     }
 
-    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
+    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<ConnId, Arc<Conn>>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn opened(&self, conn: ConnId) -> Arc<Notify> {
-        let close = Arc::new(Notify::new());
-        self.open().conns.insert(conn, (None, close.clone()));
-        close
+    fn opened(&self, conn: ConnId) -> Arc<Conn> {
+        let state = Arc::new(Conn {
+            idle_since_ms: AtomicU64::new(0),
+            close: Notify::new(),
+        });
+        self.open().insert(conn, state.clone());
+        state
     }
 
     fn closed(&self, conn: ConnId) {
-        let mut open = self.open();
-        if let Some((Some(since), _)) = open.conns.remove(&conn) {
-            open.idle.remove(&(since, conn));
-        }
+        self.open().remove(&conn);
     }
 
-    /// `conn` waits for a query from `since` on (Some), or is busy with one (None).
-    fn set_idle(&self, conn: ConnId, since: Option<Instant>) {
-        let mut open = self.open();
-        let Open { conns, idle } = &mut *open;
-        if let Some((was, _)) = conns.get_mut(&conn) {
-            if let Some(old) = was.take() {
-                idle.remove(&(old, conn));
-            }
-            if let Some(now) = since {
-                idle.insert((now, conn));
-            }
-            *was = since;
-        }
+    /// The connection waits for a query from `since` on (Some), or is busy with one (None).
+    fn set_idle(&self, conn: &Conn, since: Option<Instant>) {
+        let ms = since.map_or(0, |t| {
+            t.saturating_duration_since(self.epoch).as_millis() as u64 + 1
+        });
+        conn.idle_since_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Closes the connection idle the longest; false when none is idle.
+    /// Closes the connection idle the longest; false when none is idle. A walk over at most
+    /// `--max-tcp-connections` entries, only when the cap is reached.
     fn close_longest_idle(&self) -> bool {
-        let mut open = self.open();
-        let Some((since, conn)) = open.idle.pop_first() else {
+        let open = self.open();
+        let longest = open
+            .iter()
+            .map(|(id, c)| (c.idle_since_ms.load(Ordering::Relaxed), *id, c))
+            .filter(|(since, ..)| *since != 0)
+            .min_by_key(|(since, id, _)| (*since, *id));
+        let Some((since, conn, c)) = longest else {
             return false;
         };
-        if let Some((was, close)) = open.conns.get_mut(&conn) {
-            *was = None;
-            // notify_one keeps the wake-up for a task not waiting yet.
-            close.notify_one();
-        }
-        tracing::debug!(conn, idle_for = ?since.elapsed(), "closing the longest idle TCP client for a new one");
+        // Taken out of the running at once; notify_one keeps the wake-up for a task not waiting yet.
+        c.idle_since_ms.store(0, Ordering::Relaxed);
+        c.close.notify_one();
+        let idle_for = (self.epoch.elapsed().as_millis() as u64 + 1).saturating_sub(since);
+        tracing::debug!(
+            conn,
+            idle_for_ms = idle_for,
+            "closing the longest idle TCP client for a new one"
+        );
         true
     }
 
@@ -256,7 +263,7 @@ async fn connection(
 ) {
     let _ = stream.set_nodelay(true);
     let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-    let close = side.opened(conn);
+    let state = side.opened(conn);
     let (mut reader, mut writer) = stream.into_split();
     let (replies, mut outbox) = mpsc::channel::<Vec<u8>>(TCP_PIPELINE);
     mailbox.post(Letter::TcpOpened { conn, replies });
@@ -284,7 +291,7 @@ async fn connection(
     // The whole frame must arrive within the idle timeout, so a client that dribbles bytes
     // (slowloris) cannot hold a connection slot for longer than an idle one.
     let started = Instant::now();
-    side.set_idle(conn, Some(started));
+    side.set_idle(&state, Some(started));
     let mut deadline = started + side.idle_timeout();
     'read: loop {
         let n = tokio::select! {
@@ -293,9 +300,9 @@ async fn connection(
                 _ => break,
             },
             _ = stop.changed() => break,
-            () = close.notified() => break,
+            () = state.close.notified() => break,
         };
-        side.set_idle(conn, None);
+        side.set_idle(&state, None);
         decoder.feed(&chunk[..n]);
         loop {
             let query = match decoder.next_frame() {
@@ -315,7 +322,7 @@ async fn connection(
         // (A client with queries in flight counts as idle too: its answers are on their way and
         // the close waits for them below.)
         if !decoder.mid_frame() {
-            side.set_idle(conn, Some(Instant::now()));
+            side.set_idle(&state, Some(Instant::now()));
         }
     }
     side.closed(conn);
@@ -357,27 +364,27 @@ mod tests {
             Duration::from_secs(1),
         );
         let t0 = Instant::now();
-        let closes: Vec<_> = (1..=3).map(|c| side.opened(c)).collect();
-        side.set_idle(2, Some(t0));
-        side.set_idle(1, Some(t0 + Duration::from_millis(5)));
+        let conns: Vec<_> = (1..=3).map(|c| side.opened(c)).collect();
+        side.set_idle(&conns[1], Some(t0));
+        side.set_idle(&conns[0], Some(t0 + Duration::from_millis(5)));
         // 3 is busy with a query.
-        let told = |n: &Arc<Notify>| {
-            let n = n.clone();
+        let told = |c: &Arc<Conn>| {
+            let c = c.clone();
             async move {
-                tokio::time::timeout(Duration::from_millis(10), n.notified())
+                tokio::time::timeout(Duration::from_millis(10), c.close.notified())
                     .await
                     .is_ok()
             }
         };
         assert!(side.close_longest_idle());
-        assert!(told(&closes[1]).await, "the longest idle goes first");
-        assert!(!told(&closes[0]).await);
+        assert!(told(&conns[1]).await, "the longest idle goes first");
+        assert!(!told(&conns[0]).await);
         assert!(side.close_longest_idle());
-        assert!(told(&closes[0]).await);
+        assert!(told(&conns[0]).await);
         assert!(!side.close_longest_idle(), "the busy one stays");
-        side.closed(1);
-        side.closed(2);
-        side.closed(3);
-        assert!(side.open().conns.is_empty() && side.open().idle.is_empty());
+        for c in 1..=3 {
+            side.closed(c);
+        }
+        assert!(side.open().is_empty());
     }
 }
