@@ -12,8 +12,7 @@ mod common;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -21,7 +20,6 @@ use hickory_proto::rr::RecordType;
 use localdns_fallback::link;
 use localdns_fallback::listen::{self, Bound};
 use nix::sys::signal::Signal;
-use socket2::{Domain, Protocol, Socket, Type};
 
 const LISTENER: &str = "169.254.10.10:53";
 
@@ -49,17 +47,8 @@ fn bind_ours() -> Bound {
 
 /// Another process's sockets on the same port with SO_REUSEPORT, as CoreDNS binds them.
 fn bind_coredns() -> (UdpSocket, std::net::TcpListener) {
-    let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
-    udp.set_reuse_port(true).unwrap();
-    udp.bind(&listener().into()).unwrap();
-    let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
-    tcp.set_reuse_port(true).unwrap();
-    tcp.set_reuse_address(true).unwrap();
-    tcp.bind(&listener().into()).unwrap();
-    tcp.listen(128).unwrap();
-    let udp: UdpSocket = udp.into();
+    let (udp, tcp) = bind_like_coredns(listener(), 128);
     udp.set_nonblocking(true).unwrap();
-    let tcp: std::net::TcpListener = tcp.into();
     tcp.set_nonblocking(true).unwrap();
     (udp, tcp)
 }
@@ -292,43 +281,6 @@ fn the_daemon_keeps_answering_while_localdns_recreates_its_link() {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
-/// LocalDNS's server as the fallback meets it at the handoff: UDP and TCP on both listeners with
-/// SO_REUSEPORT, answering every UDP query at once with an empty NOERROR reply (no answer record,
-/// so a reply tells who gave it). Runs until `stop`.
-fn localdns_beside(ns: &Netns, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
-    let mut threads = Vec::new();
-    for l in ["169.254.10.10:53", "169.254.10.11:53"] {
-        let addr: SocketAddr = l.parse().unwrap();
-        let (udp, tcp) = ns.enter(|| {
-            let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
-            udp.set_reuse_port(true).unwrap();
-            udp.bind(&addr.into()).unwrap();
-            let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
-            tcp.set_reuse_port(true).unwrap();
-            tcp.set_reuse_address(true).unwrap();
-            tcp.bind(&addr.into()).unwrap();
-            tcp.listen(16).unwrap();
-            (UdpSocket::from(udp), tcp)
-        });
-        let stop = stop.clone();
-        threads.push(std::thread::spawn(move || {
-            let _tcp = tcp;
-            udp.set_read_timeout(Some(Duration::from_millis(20)))
-                .unwrap();
-            let mut buf = [0u8; 512];
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok((n, from)) = udp.recv_from(&mut buf) {
-                    if n >= 12 {
-                        buf[2] |= 0x80;
-                        let _ = udp.send_to(&buf[..n], from);
-                    }
-                }
-            }
-        }));
-    }
-    threads
-}
-
 #[test]
 fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined() {
     // Upstream answers come 30 ms late, so queries are in flight at the hand-over.
@@ -339,8 +291,7 @@ fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined()
         })
         .start();
     let ns = node.node_ns();
-    let stop = Arc::new(AtomicBool::new(false));
-    let localdns = localdns_beside(ns, stop.clone());
+    let localdns = LocalDnsStandIn::start(ns);
     // Pods asking every 2 ms from new sockets (new flows), each waiting up to 1 s for a reply.
     let path = ns.path();
     let asking = std::thread::spawn(move || {
@@ -368,10 +319,7 @@ fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined()
     node.fwd.signal(Signal::SIGTERM);
     let status = node.fwd.wait_exit(Duration::from_secs(5)).expect("exits");
     let replies = asking.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
-    for t in localdns {
-        t.join().unwrap();
-    }
+    drop(localdns);
     assert!(status.success(), "{status}: {}", node.fwd.logs());
     let logs = node.fwd.logs();
     assert!(logs.contains("new flows go to LocalDNS"), "{logs}");

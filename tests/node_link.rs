@@ -11,20 +11,6 @@ use std::time::Duration;
 use common::*;
 use nix::sys::signal::Signal;
 
-fn args(up: &Upstream, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "--node-upstream",
-        &up.sock_v4().to_string(),
-        "--cluster-upstream",
-        &up.sock_v4().to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
-}
-
 /// A node namespace without LocalDNS's link, and one upstream.
 fn bare_node() -> (Netns, Upstream) {
     require_root_and_tools(&["ip", "dig"]);
@@ -50,7 +36,7 @@ fn serves_from_lo_without_making_the_link() {
             answer_v4: "10.0.0.1".parse().unwrap(),
         },
     );
-    let f = Forwarder::spawn(&node, &args(&up, &[]));
+    let f = Forwarder::spawn(&node, &upstream_args(&up, &[]));
     f.wait_ready(
         &node,
         "169.254.10.11:53".parse().unwrap(),
@@ -87,7 +73,7 @@ fn leaves_a_partial_link_as_it_is() {
     let up = topo.add_upstream_ns(true, false);
     topo.node.ip("addr del 169.254.10.11/32 dev localdns");
     let before = topo.node.ip("-4 addr show dev localdns");
-    let f = Forwarder::spawn(&topo.node, &args(&up, &[]));
+    let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &[]));
     f.wait_ready(
         &topo.node,
         "169.254.10.11:53".parse().unwrap(),
@@ -101,7 +87,7 @@ fn leaves_a_partial_link_as_it_is() {
     );
     // A second run finds them there (a fallback killed before it could remove them).
     drop(f);
-    let again = Forwarder::spawn(&topo.node, &args(&up, &[]));
+    let again = Forwarder::spawn(&topo.node, &upstream_args(&up, &[]));
     again.wait_ready(
         &topo.node,
         "169.254.10.11:53".parse().unwrap(),
@@ -117,7 +103,7 @@ fn leaves_a_partial_link_as_it_is() {
 #[test]
 fn no_link_setup_leaves_the_node_alone() {
     let (node, up) = bare_node();
-    let f = Forwarder::spawn(&node, &args(&up, &["--no-link-setup"]));
+    let f = Forwarder::spawn(&node, &upstream_args(&up, &["--no-link-setup"]));
     assert!(
         f.wait_for_log("ready", Duration::from_secs(10)),
         "{}",

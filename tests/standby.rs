@@ -5,83 +5,17 @@
 
 mod common;
 
-use std::net::{SocketAddr, UdpSocket};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
 use hickory_proto::rr::RecordType;
 use nix::sys::signal::Signal;
-use socket2::{Domain, Protocol, Socket, Type};
 
 const NODE: &str = "169.254.10.10:53";
 const CLUSTER: &str = "169.254.10.11:53";
-
-/// A LocalDNS stand-in in `ns`: UDP and TCP on both listeners with SO_REUSEPORT, as CoreDNS binds
-/// them, answering every UDP query with an empty NOERROR reply (no record: a reply says who gave
-/// it) unless `hung`, when it reads nothing and its sockets fill, as a stopped CoreDNS's do.
-struct LocalDns {
-    stop: Arc<AtomicBool>,
-    hung: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl LocalDns {
-    fn start(ns: &Netns) -> LocalDns {
-        let stop = Arc::new(AtomicBool::new(false));
-        let hung = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        for l in [NODE, CLUSTER] {
-            let addr: SocketAddr = l.parse().unwrap();
-            let (udp, tcp) = ns.enter(|| {
-                let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
-                udp.set_reuse_port(true).unwrap();
-                udp.bind(&addr.into()).unwrap();
-                let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
-                tcp.set_reuse_port(true).unwrap();
-                tcp.set_reuse_address(true).unwrap();
-                tcp.bind(&addr.into()).unwrap();
-                tcp.listen(16).unwrap();
-                (UdpSocket::from(udp), tcp)
-            });
-            let (stop, hung) = (stop.clone(), hung.clone());
-            threads.push(std::thread::spawn(move || {
-                let _tcp = tcp;
-                udp.set_read_timeout(Some(Duration::from_millis(5)))
-                    .unwrap();
-                let mut buf = [0u8; 512];
-                while !stop.load(Ordering::Relaxed) {
-                    if hung.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(5));
-                        continue;
-                    }
-                    if let Ok((n, from)) = udp.recv_from(&mut buf) {
-                        if n >= 12 {
-                            buf[2] |= 0x80;
-                            let _ = udp.send_to(&buf[..n], from);
-                        }
-                    }
-                }
-            }));
-        }
-        LocalDns {
-            stop,
-            hung,
-            threads,
-        }
-    }
-}
-
-impl Drop for LocalDns {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Who {
@@ -139,20 +73,6 @@ fn node() -> (Topology, Upstream, Responder) {
     (topo, up, r)
 }
 
-fn forwarder_args(up: &Upstream, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--node-upstream",
-        &up.sock_v4().to_string(),
-        "--cluster-upstream",
-        &up.sock_v4().to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
-}
-
 fn listener_addresses_on_lo(ns: &Netns) -> bool {
     let out = ns.ip("-4 addr show dev lo");
     out.contains("169.254.10.10") || out.contains("169.254.10.11")
@@ -161,10 +81,10 @@ fn listener_addresses_on_lo(ns: &Netns) -> bool {
 #[test]
 fn a_start_beside_a_serving_localdns_takes_no_flow_and_ends_cleanly() {
     let (topo, up, _r) = node();
-    let _localdns = LocalDns::start(&topo.node);
+    let _localdns = LocalDnsStandIn::start(&topo.node);
     let asking = ask_for(&topo.node, Duration::from_millis(800));
     std::thread::sleep(Duration::from_millis(100));
-    let f = Forwarder::spawn(&topo.node, &forwarder_args(&up, &[]));
+    let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &[]));
     let status = f
         .wait_exit(Duration::from_secs(5))
         .unwrap_or_else(|| panic!("still running beside a serving LocalDNS:\n{}", f.logs()));
@@ -191,8 +111,8 @@ fn a_start_beside_a_serving_localdns_takes_no_flow_and_ends_cleanly() {
 #[test]
 fn standby_takes_a_silent_localdns_flows_within_half_a_second_and_gives_them_back() {
     let (topo, up, _r) = node();
-    let localdns = LocalDns::start(&topo.node);
-    let f = Forwarder::spawn(&topo.node, &forwarder_args(&up, &["--standby"]));
+    let localdns = LocalDnsStandIn::start(&topo.node);
+    let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
     assert!(
         f.wait_for_log("standing by", Duration::from_secs(10)),
         "{}",
@@ -288,7 +208,7 @@ fn standby_takes_a_silent_localdns_flows_within_half_a_second_and_gives_them_bac
 #[test]
 fn standby_serves_at_once_where_no_localdns_is_bound() {
     let (topo, up, _r) = node();
-    let f = Forwarder::spawn(&topo.node, &forwarder_args(&up, &["--standby"]));
+    let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
     f.wait_ready(&topo.node, NODE.parse().unwrap(), Duration::from_secs(10));
     let r = dig(&topo.node, &["@169.254.10.11", "a.example.", "A"]);
     assert_eq!(r.answers, ["10.0.0.1"], "{}\n{}", r.raw, f.logs());

@@ -468,17 +468,6 @@ fn healthy_node_and_static_checks(suite: Suite) {
 fn lifecycle_phases(suite: Suite) {
     let mut c = Container::boot(suite, Boot::default());
     let mut w = Windows::default();
-    let record = |w: &mut Windows, phase: &str, samples: &[ProbeSample]| -> [(f64, usize); 3] {
-        let d = dark_time(samples);
-        for (t, (dark, failed)) in d.iter().enumerate() {
-            w.add(&format!("{phase}: dark {} (ms)", PROBE_LABELS[t]), *dark);
-            w.add(
-                &format!("{phase}: failed probes {}", PROBE_LABELS[t]),
-                *failed as f64,
-            );
-        }
-        d
-    };
     for run in 1..=runs() {
         // 1. One crash; LocalDNS restarts by itself (RestartSec=1s, then its server's start-up).
         let p = Prober::start(&c, &format!("{run}-crash"));
@@ -490,7 +479,7 @@ fn lifecycle_phases(suite: Suite) {
         });
         wait_settled_on_localdns(&mut c);
         let samples = p.finish();
-        let crash = record(&mut w, "one crash, restarted", &samples);
+        let crash = w.record("one crash, restarted", &samples);
         // Takeover: LocalDNS's main process gone → the first answer by the fallback; and where
         // the time goes, from the journal's monotonic stamps.
         let journal = c.journal_since(&cursor);
@@ -548,14 +537,14 @@ fn lifecycle_phases(suite: Suite) {
         c.wait_localdns_failed_and_fallback_active();
         c.expect_answers(Who::Fallback, "the fallback serves after the storm");
         std::thread::sleep(Duration::from_millis(1000));
-        let storm = record(&mut w, "storm to failed", &p.finish());
+        let storm = w.record("storm to failed", &p.finish());
 
         // 3. The handoff back: recovery as an operator does it.
         let p = Prober::start(&c, &format!("{run}-handoff"));
         c.recover_localdns();
         wait_settled_on_localdns(&mut c);
         c.assert_fallback_stopped_cleanly("after the handoff back");
-        let handoff = record(&mut w, "handoff back (SO_REUSEPORT)", &p.finish());
+        let handoff = w.record("handoff back (SO_REUSEPORT)", &p.finish());
         // LocalDNS joins the fallback's sockets and is ready before the fallback leaves, which
         // hands new flows over and answers what it holds before it closes: pods lose nothing.
         // One probe of margin for this loaded test machine, where an answer can come later than
@@ -583,7 +572,7 @@ fn lifecycle_phases(suite: Suite) {
         let p = Prober::start(&c, &format!("{run}-restart"));
         c.ok("systemctl restart localdns.service");
         wait_settled_on_localdns(&mut c);
-        let restart = record(&mut w, "systemctl restart", &p.finish());
+        let restart = w.record("systemctl restart", &p.finish());
 
         // 5. The handoff back to a LocalDNS that cannot join the fallback's sockets: it must be
         // serving after its next start attempt at the latest.
@@ -613,7 +602,7 @@ fn lifecycle_phases(suite: Suite) {
             ));
         }
         wait_settled_on_localdns(&mut c);
-        let plain = record(&mut w, "handoff back (no SO_REUSEPORT)", &p.finish());
+        let plain = w.record("handoff back (no SO_REUSEPORT)", &p.finish());
         w.add(
             "handoff back (no SO_REUSEPORT): LocalDNS start attempts",
             attempts as f64,
@@ -622,20 +611,14 @@ fn lifecycle_phases(suite: Suite) {
         c.ok("systemctl restart localdns.service");
         wait_settled_on_localdns(&mut c);
 
-        let f = |d: [(f64, usize); 3]| {
-            format!(
-                "{:.0}/{:.0}/{:.0} ms ({}/{}/{} failed)",
-                d[0].0, d[1].0, d[2].0, d[0].1, d[1].1, d[2].1
-            )
-        };
         eprintln!(
             "[{}] run {run}, dark .11 cluster/.10 cluster/.10 external: crash {}; storm {}; handoff {}; restart {}; handoff without SO_REUSEPORT {} ({attempts} attempts)",
             suite.label(),
-            f(crash),
-            f(storm),
-            f(handoff),
-            f(restart),
-            f(plain)
+            brief(crash),
+            brief(storm),
+            brief(handoff),
+            brief(restart),
+            brief(plain)
         );
     }
     // The figures first: they are worth having even when a check below fails.

@@ -433,6 +433,21 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// [`MUSL_GAI`] built static with musl-gcc into `dir`.
+fn build_musl_gai(dir: &TempDir) -> std::path::PathBuf {
+    let src = dir.path().join("gai.c");
+    std::fs::write(&src, MUSL_GAI).expect("write gai.c");
+    let gai = dir.path().join("gai");
+    run_ok(
+        std::process::Command::new("musl-gcc")
+            .arg("-static")
+            .arg("-o")
+            .arg(&gai)
+            .arg(&src),
+    );
+    gai
+}
+
 fn addresses(out: &std::process::Output) -> BTreeSet<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -445,16 +460,7 @@ fn addresses(out: &std::process::Output) -> BTreeSet<String> {
 fn glibc_gets_every_address_and_musl_the_ones_that_fit_through_each_listener() {
     require_root_and_tools(&["ip", "getent", "musl-gcc"]);
     let dir = TempDir::new("musl");
-    let src = dir.path().join("gai.c");
-    std::fs::write(&src, MUSL_GAI).expect("write gai.c");
-    let gai = dir.path().join("gai");
-    run_ok(
-        std::process::Command::new("musl-gcc")
-            .arg("-static")
-            .arg("-o")
-            .arg(&gai)
-            .arg(&src),
-    );
+    let gai = build_musl_gai(&dir);
     let rig = Rig::namespaces().upstream(Mode::CoreDns).start();
     let topo = rig.topo.as_ref().expect("a namespace rig");
     for l in [NODE, CLUSTER] {
@@ -505,16 +511,7 @@ fn glibc_gets_every_address_and_musl_the_ones_that_fit_through_each_listener() {
 fn musl_and_busybox_get_addresses_from_a_cold_cache_when_the_upstream_cuts_to_nothing() {
     require_root_and_tools(&["ip", "musl-gcc", "busybox"]);
     let dir = TempDir::new("musl-cut");
-    let src = dir.path().join("gai.c");
-    std::fs::write(&src, MUSL_GAI).expect("write gai.c");
-    let gai = dir.path().join("gai");
-    run_ok(
-        std::process::Command::new("musl-gcc")
-            .arg("-static")
-            .arg("-o")
-            .arg(&gai)
-            .arg(&src),
-    );
+    let gai = build_musl_gai(&dir);
     let rig = Rig::namespaces().upstream(Mode::CoreDnsEmptyCut).start();
     let topo = rig.topo.as_ref().expect("a namespace rig");
     for l in [NODE, CLUSTER] {

@@ -18,6 +18,17 @@ pub fn forwarder_binary() -> &'static str {
     env!("CARGO_BIN_EXE_localdns-fallback")
 }
 
+/// Flags for a forwarder whose every upstream is `up` (both groups), then `extra`.
+pub fn upstream_args(up: &super::netns::Upstream, extra: &[&str]) -> Vec<String> {
+    let up = up.sock_v4().to_string();
+    let mut args: Vec<String> = ["--node-upstream", &up, "--cluster-upstream", &up]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 /// A running `localdns-fallback`; dropping it SIGKILLs and reaps it.
 /// Its stdout and stderr lines are collected (see [`Forwarder::logs`]).
 pub struct Forwarder {

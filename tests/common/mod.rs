@@ -13,6 +13,7 @@
 pub mod client;
 pub mod forwarder;
 pub mod hostile;
+pub mod localdns;
 pub mod netns;
 pub mod responder;
 pub mod rig;
@@ -26,6 +27,8 @@ pub use client::*;
 pub use forwarder::*;
 #[allow(unused_imports)]
 pub use hostile::*;
+#[allow(unused_imports)]
+pub use localdns::*;
 #[allow(unused_imports)]
 pub use netns::*;
 #[allow(unused_imports)]

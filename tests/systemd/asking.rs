@@ -92,6 +92,19 @@ pub(crate) struct Windows {
 }
 
 impl Windows {
+    /// Adds a phase's dark time and failed probes per target; returns them too.
+    pub(crate) fn record(&mut self, phase: &str, samples: &[ProbeSample]) -> [(f64, usize); 3] {
+        let d = dark_time(samples);
+        for (t, (dark, failed)) in d.iter().enumerate() {
+            self.add(&format!("{phase}: dark {} (ms)", PROBE_LABELS[t]), *dark);
+            self.add(
+                &format!("{phase}: failed probes {}", PROBE_LABELS[t]),
+                *failed as f64,
+            );
+        }
+        d
+    }
+
     pub(crate) fn add(&mut self, label: &str, ms: f64) {
         match self.series.iter_mut().find(|(l, _)| l == label) {
             Some((_, v)) => v.push(ms),
@@ -122,6 +135,14 @@ impl Windows {
         }
         out
     }
+}
+
+/// A phase's dark time per target, for a run's log line.
+pub(crate) fn brief(d: [(f64, usize); 3]) -> String {
+    format!(
+        "{:.0}/{:.0}/{:.0} ms ({}/{}/{} failed)",
+        d[0].0, d[1].0, d[2].0, d[0].1, d[1].1, d[2].1
+    )
 }
 
 pub(crate) fn runs() -> usize {

@@ -19,17 +19,6 @@ pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
     let mut c = Container::boot(suite, boot);
     let label = format!("{}, {}", suite.label(), boot.label());
     let mut w = Windows::default();
-    let record = |w: &mut Windows, phase: &str, samples: &[ProbeSample]| -> [(f64, usize); 3] {
-        let d = dark_time(samples);
-        for (t, (dark, failed)) in d.iter().enumerate() {
-            w.add(&format!("{phase}: dark {} (ms)", PROBE_LABELS[t]), *dark);
-            w.add(
-                &format!("{phase}: failed probes {}", PROBE_LABELS[t]),
-                *failed as f64,
-            );
-        }
-        d
-    };
 
     // 0. A start by hand on a healthy node: the binary finds LocalDNS answering its probe name on
     // both addresses and ends at once, cleanly; not one flow is taken from LocalDNS.
@@ -82,7 +71,7 @@ pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
             c.show_us("localdns.service", "NRestarts") > restarts
         });
         wait_settled_on_localdns(&mut c);
-        let crash = record(&mut w, "one crash, restarted", &p.finish());
+        let crash = w.record("one crash, restarted", &p.finish());
         c.assert_no_unit_failed("after one crash");
 
         // 2. A crash storm to the terminal failure. Counted: how often the fallback was started
@@ -98,7 +87,7 @@ pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
         );
         c.expect_answers(Who::Fallback, "the fallback serves after the storm");
         std::thread::sleep(Duration::from_millis(1000));
-        let storm = record(&mut w, "storm to failed", &p.finish());
+        let storm = w.record("storm to failed", &p.finish());
         let starts = c
             .journal_since(&cursor)
             .lines()
@@ -114,7 +103,7 @@ pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
         let p = Prober::start(&c, &format!("{run}-recovery"));
         c.recover_localdns();
         wait_settled_on_localdns(&mut c);
-        let recovery = record(&mut w, "recovery (reset-failed + start)", &p.finish());
+        let recovery = w.record("recovery (reset-failed + start)", &p.finish());
         c.assert_no_unit_failed("after the recovery");
         if !standby {
             c.assert_listener_addresses_on_lo(false, "after the recovery");
@@ -124,7 +113,7 @@ pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
         let p = Prober::start(&c, &format!("{run}-restart"));
         c.ok("systemctl restart localdns.service");
         wait_settled_on_localdns(&mut c);
-        let restart = record(&mut w, "systemctl restart", &p.finish());
+        let restart = w.record("systemctl restart", &p.finish());
         c.assert_no_unit_failed("after the restart");
 
         // 5. With the standby unit: LocalDNS alive but silent (its server stopped), then back.
@@ -136,18 +125,12 @@ pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
         } else {
             String::new()
         };
-        let f = |d: [(f64, usize); 3]| {
-            format!(
-                "{:.0}/{:.0}/{:.0} ms ({}/{}/{} failed)",
-                d[0].0, d[1].0, d[2].0, d[0].1, d[1].1, d[2].1
-            )
-        };
         eprintln!(
             "[{label}] run {run}, dark .11 cluster/.10 cluster/.10 external: crash {}; storm {} ({starts} fallback starts); recovery {}; restart {}{hung}",
-            f(crash),
-            f(storm),
-            f(recovery),
-            f(restart),
+            brief(crash),
+            brief(storm),
+            brief(recovery),
+            brief(restart),
         );
     }
     let summary = w.summary(suite);
