@@ -157,16 +157,7 @@ pub async fn stand_by(
             Seen::Silent => {
                 answered = 0;
                 silent += 1;
-                if holder == Holder::LocalDns && !addresses_local(&config) {
-                    // LocalDNS deleted its link (a stop, a failure its script saw): nothing can
-                    // answer there until the addresses are back, so no second round is needed.
-                    take(
-                        &held,
-                        &config,
-                        "the listener addresses are gone with LocalDNS's link",
-                    );
-                    holder = Holder::Us;
-                } else if holder == Holder::LocalDns && silent >= ROUNDS_TO_ACT {
+                if holder == Holder::LocalDns && silent >= ROUNDS_TO_ACT {
                     take(&held, &config, "LocalDNS stopped answering its probe");
                     holder = Holder::Us;
                 } else if holder == Holder::LocalDns {
@@ -177,7 +168,9 @@ pub async fn stand_by(
                     // asked only once the steering knows it is there; and the addresses go back
                     // on lo if something took them off (a stop of localdns-fallback.service
                     // beside us runs its release).
-                    take(&held, &config, "");
+                    if !hold_flows(&held, &config).is_empty() {
+                        tracing::info!("listener addresses were gone from lo; put back");
+                    }
                 }
             }
         }
@@ -185,19 +178,22 @@ pub async fn stand_by(
 }
 
 fn take(held: &Mutex<Vec<Held>>, config: &Config, why: &str) {
+    hold_flows(held, config);
+    tracing::info!("{why}; serving its listeners");
+}
+
+/// Puts the listener addresses on lo and steers new flows to us, with our place in the groups
+/// read afresh. Returns the addresses that were missing from lo.
+fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config) -> Vec<std::net::IpAddr> {
+    let mut added = Vec::new();
     if config.link_setup {
         match link::claim_on_loopback(&super::prepare::link_addresses(config)) {
-            Ok(outcome) if why.is_empty() && !outcome.added.is_empty() => {
-                tracing::info!(added = ?outcome.added, "listener addresses were gone from lo; put back")
-            }
-            Ok(outcome) => tracing::debug!(added = ?outcome.added, "listener addresses on lo"),
+            Ok(outcome) => added = outcome.added,
             Err(e) => tracing::warn!("cannot put the listener addresses on lo: {e}"),
         }
     }
     refresh(held);
-    if !why.is_empty() {
-        tracing::info!("{why}; serving its listeners");
-    }
+    added
 }
 
 fn refresh(held: &Mutex<Vec<Held>>) {
