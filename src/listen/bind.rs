@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::steer::{Proto, Slot, Steering, group_members, steer_or_warn};
+use super::steer::{Held, Proto, Slot, Steering, group_members, steer_or_warn};
 
 /// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
 /// the worker is busy waits in the kernel instead of being dropped, and a burst of answers (a
@@ -34,6 +34,13 @@ pub struct Bound {
     /// Where our sockets sit in their SO_REUSEPORT groups; flows are steered to them from bind on.
     pub steering: Steering,
 }
+impl Bound {
+    /// The steering with descriptors of both sockets, kept past the serving loops' own.
+    pub fn held(&self) -> io::Result<Held> {
+        Held::new(&self.steering, self.udp.as_fd(), self.tcp.as_fd())
+    }
+}
+
 /// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
 /// orphaned CoreDNS can hold it for a moment after a crash.
 pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound, String> {

@@ -6,8 +6,6 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-use super::bind::Bound;
-
 /// Our place in the SO_REUSEPORT groups of one listener address (UDP and TCP have a group each).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Steering {
@@ -121,11 +119,12 @@ pub struct Held {
 }
 
 impl Held {
-    pub fn new(bound: &Bound) -> io::Result<Held> {
+    /// Keeps `steering` with descriptors of its two sockets of its own.
+    pub fn new(steering: &Steering, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<Held> {
         Ok(Held {
-            steering: bound.steering.clone(),
-            udp: bound.udp.as_fd().try_clone_to_owned()?,
-            tcp: bound.tcp.as_fd().try_clone_to_owned()?,
+            steering: steering.clone(),
+            udp: udp.try_clone_to_owned()?,
+            tcp: tcp.try_clone_to_owned()?,
         })
     }
 

@@ -4,11 +4,11 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::serve::DRAIN;
 use crate::cache::Cache;
 use crate::cli::Config;
 use crate::engine::{self, Engine};
@@ -22,6 +22,10 @@ use crate::systemd::Heartbeats;
 use crate::tcp::{self, ClientSide};
 use crate::tcp_pool::UpstreamSide;
 use crate::upstream::UpstreamSets;
+
+/// How long queries already read may take to finish after the listeners close (TCP clients in
+/// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
+pub(super) const DRAIN: Duration = Duration::from_secs(1);
 
 /// What the relay threads and TCP tasks of both listeners are started with.
 pub(super) struct Shared<'a> {
@@ -60,8 +64,9 @@ pub(super) fn start_listener(
     let threads = config.udp_threads;
     let sets = shared.sets;
     log_listener(role, bound.addr, sets, config, &bound.udp);
-    let held =
-        Held::new(&bound).map_err(|e| format!("cannot keep the sockets of {}: {e}", bound.addr))?;
+    let held = bound
+        .held()
+        .map_err(|e| format!("cannot keep the sockets of {}: {e}", bound.addr))?;
     // Each thread has its own engine, upstream sockets, pending queries and timers; they share
     // the listener socket itself, and epoll wakes one of them per datagram.
     let mut mailboxes = Vec::new();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinHandle};
 
-use super::listener::{Shared, start_listener};
+use super::listener::{DRAIN, Shared, start_listener};
 use super::prepare::Prepared;
 use super::reporting::start_reporting;
 use super::standby;
@@ -28,9 +28,6 @@ use crate::tcp;
 use crate::tcp_pool::UpstreamSide;
 use crate::upstream::{UpstreamSet, UpstreamSets};
 
-/// How long queries already read may take to finish after the listeners close (TCP clients in
-/// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
-pub(super) const DRAIN: Duration = Duration::from_secs(1);
 /// How long the first look for upstreams may hold back serving. Queries meanwhile wait in the
 /// bound sockets' buffers; a slower look finishes in the background while we serve.
 const FIRST_LOOK: Duration = Duration::from_secs(3);

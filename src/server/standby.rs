@@ -69,7 +69,7 @@ pub fn begin(
     let own = Arc::new(OwnProbes::new(prober.ports(), &probed(config)));
     if localdns_serves {
         for bound in [&prepared.node, &prepared.cluster] {
-            if let Ok(h) = Held::new(bound) {
+            if let Ok(h) = bound.held() {
                 h.hand_over();
             }
         }
