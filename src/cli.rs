@@ -15,6 +15,8 @@ USAGE:
     localdns-fallback [FLAGS]                  serve
     localdns-fallback discover [--json] [FLAGS]  print the upstreams it would use, then exit
     localdns-fallback release-addresses [FLAGS]  remove the listener addresses it puts on lo, then exit
+    localdns-fallback status [FLAGS]           say in one line who answers the listeners: exit 0
+                                               LocalDNS, 1 a fallback or nothing, 2 cannot tell
 
 Serves the node listener (--node-listen) and the cluster listener (--cluster-listen) over UDP and
 TCP. The cluster listener relays every name to the kube-dns servers; the node listener relays
@@ -148,6 +150,8 @@ pub enum Command {
     },
     /// Remove the listener addresses from lo and exit (the unit's ExecStopPost, after a kill).
     ReleaseAddresses(Box<Config>),
+    /// Say who answers the listeners and exit (node-problem-detector's plugin).
+    Status(Box<Config>),
     Help,
     Version,
 }
@@ -158,6 +162,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
     let mut args = args.into_iter().peekable();
     let discover = args.next_if(|a| a == "discover").is_some();
     let release = !discover && args.next_if(|a| a == "release-addresses").is_some();
+    let status = !discover && !release && args.next_if(|a| a == "status").is_some();
     let mut json = false;
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -265,6 +270,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
     }
     if release {
         return Ok(Command::ReleaseAddresses(Box::new(config)));
+    }
+    if status {
+        return Ok(Command::Status(Box::new(config)));
     }
     Ok(Command::Run(Box::new(config)))
 }
@@ -561,6 +569,18 @@ mod tests {
             matches!(parse(Vec::<String>::new()).unwrap(), Command::Run(_)),
             "no upstream flags: discover them"
         );
+    }
+
+    #[test]
+    fn the_status_subcommand_takes_the_listeners() {
+        let args = ["status", "--cluster-listen", "127.0.0.2:5353"].map(String::from);
+        match parse(args).unwrap() {
+            Command::Status(config) => {
+                assert_eq!(config.cluster_listen.to_string(), "127.0.0.2:5353");
+                assert_eq!(config.node_listen.to_string(), "169.254.10.10:53");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

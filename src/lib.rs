@@ -30,6 +30,8 @@
 //! - [`metrics`]: `/metrics` in Prometheus text format over the counters.
 //! - [`cli`]: the flags, which are the whole configuration (no config file by design).
 //! - [`report`]: `localdns-fallback discover`, what the daemon would use.
+//! - [`status`]: `localdns-fallback status`, who answers the listeners (LocalDNS, a fallback, or
+//!   nothing), for node-problem-detector.
 //! - [`server`]: start-up (the guard beside a serving LocalDNS, link, bind, privileges), serving
 //!   until the stop signal, and the standby mode.
 //!
@@ -55,6 +57,7 @@ pub mod probe;
 pub mod relay;
 pub mod report;
 pub mod server;
+pub mod status;
 pub mod systemd;
 pub mod tcp;
 pub mod tcp_pool;

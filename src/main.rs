@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use localdns_fallback::cli::{self, Command};
-use localdns_fallback::{confine, report, server};
+use localdns_fallback::{confine, report, server, status};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
@@ -37,6 +37,7 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Ok(Command::Status(config)) => return status::report(&config),
         Ok(Command::Version) => {
             println!(
                 "localdns-fallback {} (commit {})",

@@ -14,7 +14,9 @@ use tokio::sync::Semaphore;
 
 use crate::cache::Cache;
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
-use crate::stats::{Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, UpstreamStats};
+use crate::stats::{
+    Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, TakeoverCause, UpstreamStats,
+};
 use crate::upstream::UpstreamSets;
 
 const TRANSPORTS: [Transport; 2] = [Transport::Udp, Transport::Tcp];
@@ -189,6 +191,63 @@ const SERIES: &[Series] = &[
                     s.counters.set_changes(g)
                 );
             }
+        }),
+    },
+    Series {
+        name: "localdns_fallback_holding_flows",
+        kind: "gauge",
+        help: "1 while this process holds LocalDNS's flows on the listener (new flows come to it), 0 while LocalDNS has them.",
+        samples: Samples::Own(|s, name, o| {
+            let holding = u8::from(s.counters.takeovers.holding().is_some());
+            for l in ListenerRole::BOTH {
+                let _ = writeln!(o, "{name}{{listener=\"{}\"}} {holding}", l.name());
+            }
+        }),
+    },
+    Series {
+        name: "localdns_fallback_takeovers_total",
+        kind: "counter",
+        help: "Times this process took LocalDNS's flows, by cause: localdns_failed (started by systemd for a failed or restarting LocalDNS), addresses_gone (the standby saw LocalDNS's addresses removed), silent_probe (the standby's probe went unanswered), by_hand.",
+        samples: Samples::Own(|s, name, o| {
+            for c in TakeoverCause::ALL {
+                let (taken, _) = s.counters.takeovers.count(c);
+                let _ = writeln!(o, "{name}{{cause=\"{}\"}} {taken}", c.name());
+            }
+        }),
+    },
+    Series {
+        name: "localdns_fallback_handbacks_total",
+        kind: "counter",
+        help: "Times this process gave LocalDNS its flows back, by the cause of the takeover it ended.",
+        samples: Samples::Own(|s, name, o| {
+            for c in TakeoverCause::ALL {
+                let (_, handed) = s.counters.takeovers.count(c);
+                let _ = writeln!(o, "{name}{{cause=\"{}\"}} {handed}", c.name());
+            }
+        }),
+    },
+    Series {
+        name: "localdns_fallback_last_takeover_timestamp_seconds",
+        kind: "gauge",
+        help: "When this process last took LocalDNS's flows, since the Unix epoch; 0 for never.",
+        samples: Samples::Own(|s, name, o| {
+            let _ = writeln!(o, "{name} {}", s.counters.takeovers.last().0);
+        }),
+    },
+    Series {
+        name: "localdns_fallback_last_handback_timestamp_seconds",
+        kind: "gauge",
+        help: "When this process last gave LocalDNS its flows back, since the Unix epoch; 0 for never.",
+        samples: Samples::Own(|s, name, o| {
+            let _ = writeln!(o, "{name} {}", s.counters.takeovers.last().1);
+        }),
+    },
+    Series {
+        name: "localdns_fallback_standby",
+        kind: "gauge",
+        help: "1 for the standby (--standby), which runs beside LocalDNS for as long as the node is up; 0 for a fallback started when LocalDNS failed.",
+        samples: Samples::Own(|s, name, o| {
+            let _ = writeln!(o, "{name} {}", u8::from(s.counters.takeovers.standby()));
         }),
     },
     Series {
@@ -376,6 +435,30 @@ mod tests {
             "responses_total{listener=\"node\",transport=\"udp\",rcode=\"NOERROR\"} 0\n"
         ));
         assert_eq!(m.totals().answers, 3);
+    }
+
+    #[test]
+    fn takeovers_show_as_the_gauge_the_causes_and_the_times() {
+        let m = Counters::new(std::time::SystemTime::now());
+        let sets = UpstreamSets::uncounted(vec![], vec![], std::time::Instant::now());
+        let text = render(&m, &sets, None);
+        assert!(text.contains("localdns_fallback_holding_flows{listener=\"node\"} 0\n"));
+        assert!(text.contains("localdns_fallback_takeovers_total{cause=\"by_hand\"} 0\n"));
+        assert!(text.contains("localdns_fallback_last_takeover_timestamp_seconds 0\n"));
+        assert!(text.contains("localdns_fallback_standby 0\n"));
+        let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        m.takeovers.set_standby(true);
+        m.takeovers.took_over(TakeoverCause::AddressesGone, at);
+        let text = render(&m, &sets, None);
+        assert!(text.contains("localdns_fallback_holding_flows{listener=\"cluster\"} 1\n"));
+        assert!(text.contains("localdns_fallback_takeovers_total{cause=\"addresses_gone\"} 1\n"));
+        assert!(text.contains("localdns_fallback_last_takeover_timestamp_seconds 1700000000\n"));
+        assert!(text.contains("localdns_fallback_standby 1\n"));
+        m.takeovers.handed_back(at + Duration::from_secs(5));
+        let text = render(&m, &sets, None);
+        assert!(text.contains("localdns_fallback_holding_flows{listener=\"node\"} 0\n"));
+        assert!(text.contains("localdns_fallback_handbacks_total{cause=\"addresses_gone\"} 1\n"));
+        assert!(text.contains("localdns_fallback_last_handback_timestamp_seconds 1700000005\n"));
     }
 
     #[test]

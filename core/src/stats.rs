@@ -102,10 +102,120 @@ impl ListenerStats {
     }
 }
 
+/// Why this process took LocalDNS's flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TakeoverCause {
+    /// Started by systemd for a LocalDNS that failed or is being restarted (`OnFailure=`, the
+    /// drop-in's handoff script).
+    LocalDnsFailed,
+    /// The standby saw LocalDNS's listener addresses go (its link deleted).
+    AddressesGone,
+    /// The standby's probe went unanswered.
+    SilentProbe,
+    /// Started by neither: an operator, a test.
+    ByHand,
+}
+
+impl TakeoverCause {
+    pub const ALL: [TakeoverCause; 4] = [
+        TakeoverCause::LocalDnsFailed,
+        TakeoverCause::AddressesGone,
+        TakeoverCause::SilentProbe,
+        TakeoverCause::ByHand,
+    ];
+
+    /// The `cause` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            TakeoverCause::LocalDnsFailed => "localdns_failed",
+            TakeoverCause::AddressesGone => "addresses_gone",
+            TakeoverCause::SilentProbe => "silent_probe",
+            TakeoverCause::ByHand => "by_hand",
+        }
+    }
+}
+
+/// Who holds LocalDNS's flows and how they moved, for a fleet view of every takeover. Both
+/// listeners move together, so one holder stands for both.
+#[derive(Debug, Default)]
+pub struct Takeovers {
+    /// 0 while LocalDNS holds the flows (or we stand by); else 1 + the index in
+    /// [`TakeoverCause::ALL`] of the takeover in force.
+    holding: AtomicU64,
+    standby: AtomicU64,
+    taken: [AtomicU64; 4],
+    /// By the cause of the takeover each hand-back ended.
+    handed: [AtomicU64; 4],
+    /// Milliseconds since the Unix epoch; 0 for never.
+    last_taken: AtomicU64,
+    last_handed: AtomicU64,
+}
+
+fn unix_millis(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Takeovers {
+    pub fn set_standby(&self, standby: bool) {
+        self.standby.store(u64::from(standby), Relaxed);
+    }
+
+    pub fn standby(&self) -> bool {
+        self.standby.load(Relaxed) == 1
+    }
+
+    /// New flows come to us from `at` on. Counted once per takeover: taking again while we hold
+    /// them changes nothing, not even the cause.
+    pub fn took_over(&self, cause: TakeoverCause, at: SystemTime) {
+        let index = TakeoverCause::ALL
+            .iter()
+            .position(|&c| c == cause)
+            .unwrap_or(0);
+        let held = self
+            .holding
+            .compare_exchange(0, index as u64 + 1, Relaxed, Relaxed);
+        if held.is_ok() {
+            self.taken[index].fetch_add(1, Relaxed);
+            self.last_taken.store(unix_millis(at), Relaxed);
+        }
+    }
+
+    /// New flows go to LocalDNS again from `at` on; nothing if we did not hold them.
+    pub fn handed_back(&self, at: SystemTime) {
+        if let Some(index) = self.holding.swap(0, Relaxed).checked_sub(1) {
+            self.handed[index as usize].fetch_add(1, Relaxed);
+            self.last_handed.store(unix_millis(at), Relaxed);
+        }
+    }
+
+    /// The cause of the takeover in force, while we hold the flows.
+    pub fn holding(&self) -> Option<TakeoverCause> {
+        let index = self.holding.load(Relaxed).checked_sub(1)?;
+        TakeoverCause::ALL.get(index as usize).copied()
+    }
+
+    /// Takeovers and hand-backs so far, for `cause`.
+    pub fn count(&self, cause: TakeoverCause) -> (u64, u64) {
+        let i = TakeoverCause::ALL
+            .iter()
+            .position(|&c| c == cause)
+            .unwrap_or(0);
+        (self.taken[i].load(Relaxed), self.handed[i].load(Relaxed))
+    }
+
+    /// Seconds since the Unix epoch of the last takeover and the last hand-back; 0 for never.
+    pub fn last(&self) -> (f64, f64) {
+        let secs = |a: &AtomicU64| a.load(Relaxed) as f64 / 1000.0;
+        (secs(&self.last_taken), secs(&self.last_handed))
+    }
+}
+
 /// Every counter of the process.
 #[derive(Debug)]
 pub struct Counters {
     pub started: SystemTime,
+    pub takeovers: Takeovers,
     listeners: [Arc<ListenerStats>; 2],
     upstreams: Mutex<BTreeMap<(UpstreamGroup, SocketAddr), Arc<UpstreamStats>>>,
     /// Per group: where its upstreams came from, and how often the set changed.
@@ -138,6 +248,7 @@ impl Counters {
     pub fn new(started: SystemTime) -> Arc<Counters> {
         Arc::new(Counters {
             started,
+            takeovers: Takeovers::default(),
             listeners: Default::default(),
             upstreams: Mutex::new(BTreeMap::new()),
             sources: Mutex::new([String::from("none"), String::from("none")]),
@@ -184,5 +295,28 @@ impl Counters {
             t.shed += l.shed.load(Relaxed);
         }
         t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_takeover_is_counted_once_and_its_hand_back_by_its_cause() {
+        let t = Takeovers::default();
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_500);
+        t.handed_back(at);
+        assert_eq!(t.last(), (0.0, 0.0), "nothing held, nothing handed back");
+        t.took_over(TakeoverCause::SilentProbe, at);
+        t.took_over(TakeoverCause::AddressesGone, at + Duration::from_secs(1));
+        assert_eq!(t.holding(), Some(TakeoverCause::SilentProbe));
+        assert_eq!(t.count(TakeoverCause::SilentProbe), (1, 0));
+        assert_eq!(t.count(TakeoverCause::AddressesGone), (0, 0));
+        assert_eq!(t.last().0, 1_700_000_000.5);
+        t.handed_back(at + Duration::from_secs(2));
+        assert_eq!(t.holding(), None);
+        assert_eq!(t.count(TakeoverCause::SilentProbe), (1, 1));
+        assert_eq!(t.last().1, 1_700_000_002.5);
     }
 }

@@ -1,0 +1,507 @@
+//! `localdns-fallback status`: who answers the node's DNS, in the contract of node-problem-
+//! detector's custom plugin monitor (exit 0 OK, 1 NonOK, 2 Unknown; the first line of stdout is
+//! the message).
+//!
+//! It asks LocalDNS's probe name on both listeners, as LocalDNS's own probe does. An answer alone
+//! cannot tell LocalDNS from a fallback (both answer that name), so the fallbacks are asked too:
+//! every `localdns-fallback` daemon of this network namespace serving these listeners is found in
+//! /proc by its command line, which also names its `--metrics` address, and its `/metrics` say
+//! whether it holds the flows and since when. The daemon writes no file (Landlock), so nothing
+//! it published can outlive it; and a fallback whose metrics cannot be read makes the answer
+//! Unknown, never OK.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use crate::cli::{self, Command, Config};
+use crate::probe::{Prober, Seen};
+use crate::roles::ListenerRole;
+use crate::stats::TakeoverCause;
+
+/// Rounds asked of each listener; one answer is enough, as for LocalDNS's own probe.
+const ROUNDS: u32 = 3;
+const WAIT: Duration = Duration::from_millis(500);
+/// Between rounds: an unreachable listener fails a round at once, and a restart gap is short.
+const PAUSE: Duration = Duration::from_millis(100);
+/// A fallback's `/metrics` must answer within this (it serves them from tasks of their own).
+const SCRAPE: Duration = Duration::from_secs(2);
+const SCRAPE_MAX: u64 = 1 << 20;
+
+/// What node-problem-detector makes of the exit status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// LocalDNS serves.
+    Ok = 0,
+    /// A fallback holds the flows, or nothing answers.
+    NonOk = 1,
+    /// Cannot tell.
+    Unknown = 2,
+}
+
+/// Looks, prints the one line and returns the exit status.
+pub fn report(config: &Config) -> ExitCode {
+    let listeners = [config.node_listen, config.cluster_listen];
+    let (verdict, line) = match look(listeners) {
+        Ok(look) => judge(&look, listeners, SystemTime::now()),
+        Err(e) => (Verdict::Unknown, format!("cannot tell who answers: {e}")),
+    };
+    println!("{line}");
+    ExitCode::from(verdict as u8)
+}
+
+/// A fallback daemon serving our listeners.
+#[derive(Debug)]
+struct Daemon {
+    pid: u32,
+    standby: bool,
+    metrics: Option<SocketAddr>,
+}
+
+impl Daemon {
+    fn name(&self) -> String {
+        let standby = if self.standby { " --standby" } else { "" };
+        format!("localdns-fallback{standby} (pid {})", self.pid)
+    }
+}
+
+/// What a fallback's `/metrics` say.
+#[derive(Debug, PartialEq)]
+struct Published {
+    /// Per listener, node first.
+    holding: [bool; 2],
+    /// The last takeover, seconds since the Unix epoch (0: never).
+    since: f64,
+    /// The cause of the takeover in force.
+    cause: Option<TakeoverCause>,
+}
+
+/// Everything looked at: whether each listener answered, and each fallback with what it says.
+struct Look {
+    answered: [bool; 2],
+    daemons: Vec<(Daemon, Result<Published, String>)>,
+}
+
+fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let [node, cluster] = runtime.block_on(async {
+        let (node, cluster) = tokio::join!(answers(listeners[0]), answers(listeners[1]));
+        [node, cluster]
+    });
+    let answered = [node?, cluster?];
+    let daemons = daemons(&listeners)?
+        .into_iter()
+        .map(|d| {
+            let said = match d.metrics {
+                Some(addr) => scrape(addr).and_then(|text| published(&text)),
+                None => Err("serves these listeners without --metrics".to_string()),
+            };
+            (d, said)
+        })
+        .collect();
+    Ok(Look { answered, daemons })
+}
+
+async fn answers(addr: SocketAddr) -> Result<bool, String> {
+    let mut prober = Prober::new(&[addr], rand::random())
+        .map_err(|e| format!("cannot make a socket to ask {addr}: {e}"))?;
+    for round in 0..ROUNDS {
+        if round > 0 {
+            tokio::time::sleep(PAUSE).await;
+        }
+        if prober.ask(WAIT).await == Seen::Serving {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The `localdns-fallback` daemons in /proc that serve one of `listeners` in our network
+/// namespace (tests and nodes may run others elsewhere, on the same addresses).
+fn daemons(listeners: &[SocketAddr; 2]) -> Result<Vec<Daemon>, String> {
+    let ours = std::fs::read_link("/proc/self/ns/net")
+        .map_err(|e| format!("cannot read our network namespace: {e}"))?;
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").map_err(|e| format!("cannot list /proc: {e}"))? {
+        let Some(pid) = entry
+            .ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A process that ended meanwhile is no daemon.
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let Some(config) = daemon_config(&cmdline).filter(|c| serves(c, listeners)) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        match std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            Ok(ns) if ns != ours => continue,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(format!(
+                    "cannot read the network namespace of localdns-fallback (pid {pid}): {e}"
+                ));
+            }
+        }
+        found.push(Daemon {
+            pid,
+            standby: config.standby,
+            metrics: config.metrics,
+        });
+    }
+    Ok(found)
+}
+
+/// The configuration of a serving `localdns-fallback` from its command line; None for any other
+/// process, and for our subcommands, which serve nothing.
+fn daemon_config(cmdline: &[u8]) -> Option<Config> {
+    let cmdline = cmdline.strip_suffix(&[0]).unwrap_or(cmdline);
+    let mut args = cmdline
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned());
+    let program = args.next()?;
+    if Path::new(&program).file_name()? != "localdns-fallback" {
+        return None;
+    }
+    match cli::parse(args) {
+        Ok(Command::Run(config)) => Some(*config),
+        _ => None,
+    }
+}
+
+/// Does a daemon run with `c` serve one of `listeners`? Port 0 (tests) is whatever the kernel
+/// picked, so the address decides.
+fn serves(c: &Config, listeners: &[SocketAddr; 2]) -> bool {
+    [c.node_listen, c.cluster_listen].iter().any(|l| {
+        listeners
+            .iter()
+            .any(|o| l.ip() == o.ip() && (l.port() == o.port() || l.port() == 0))
+    })
+}
+
+fn scrape(addr: SocketAddr) -> Result<String, String> {
+    let cannot = |e: std::io::Error| format!("its metrics at {addr} cannot be read: {e}");
+    let mut stream = TcpStream::connect_timeout(&addr, SCRAPE).map_err(cannot)?;
+    stream.set_read_timeout(Some(SCRAPE)).map_err(cannot)?;
+    stream.set_write_timeout(Some(SCRAPE)).map_err(cannot)?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .map_err(cannot)?;
+    let mut response = Vec::new();
+    stream
+        .take(SCRAPE_MAX)
+        .read_to_end(&mut response)
+        .map_err(cannot)?;
+    let response = String::from_utf8_lossy(&response);
+    match response.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200 ") => Ok(body.to_string()),
+        _ => Err(format!(
+            "its metrics at {addr} answered {:?}",
+            response.lines().next().unwrap_or("nothing")
+        )),
+    }
+}
+
+/// Reads the takeover series out of a `/metrics` text.
+fn published(text: &str) -> Result<Published, String> {
+    let value = |series: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    let mut holding = [false; 2];
+    for (held, l) in holding.iter_mut().zip(ListenerRole::BOTH) {
+        let series = format!(
+            "localdns_fallback_holding_flows{{listener=\"{}\"}}",
+            l.name()
+        );
+        *held = value(&series)
+            .ok_or("its metrics have no localdns_fallback_holding_flows (an older version?)")?
+            == 1.0;
+    }
+    let by_cause = |total: &str, c: TakeoverCause| {
+        value(&format!(
+            "localdns_fallback_{total}{{cause=\"{}\"}}",
+            c.name()
+        ))
+        .unwrap_or(0.0)
+    };
+    Ok(Published {
+        holding,
+        since: value("localdns_fallback_last_takeover_timestamp_seconds").unwrap_or(0.0),
+        cause: TakeoverCause::ALL
+            .into_iter()
+            .find(|&c| by_cause("takeovers_total", c) > by_cause("handbacks_total", c)),
+    })
+}
+
+/// The verdict and its line, from what was seen at `now`.
+fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, String) {
+    let silent: Vec<String> = listeners
+        .iter()
+        .zip(look.answered)
+        .filter(|(_, answered)| !answered)
+        .map(|(l, _)| l.to_string())
+        .collect();
+    for (daemon, said) in &look.daemons {
+        let Ok(p) = said else { continue };
+        if !p.holding.contains(&true) {
+            continue;
+        }
+        let held: Vec<String> = listeners
+            .iter()
+            .zip(p.holding)
+            .filter(|(_, h)| *h)
+            .map(|(l, _)| l.to_string())
+            .collect();
+        let now = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let mut line = format!(
+            "LocalDNS is on its fallback: {} holds the flows of {} since {} ({} ago)",
+            daemon.name(),
+            held.join(" and "),
+            utc(p.since),
+            ago(now - p.since)
+        );
+        if let Some(cause) = p.cause {
+            line += &format!(", because {}", because(cause));
+        }
+        if !silent.is_empty() {
+            line += &format!("; nothing answers on {}", silent.join(" and "));
+        }
+        return (Verdict::NonOk, line);
+    }
+    if !silent.is_empty() {
+        let fallbacks = if look.daemons.is_empty() {
+            "no fallback runs".to_string()
+        } else {
+            let each: Vec<String> = look
+                .daemons
+                .iter()
+                .map(|(d, said)| match said {
+                    Ok(_) => format!("{} does not hold the flows", d.name()),
+                    Err(e) => format!("{} {e}", d.name()),
+                })
+                .collect();
+            each.join("; ")
+        };
+        let line = format!(
+            "nothing answers LocalDNS's probe on {}; {fallbacks}",
+            silent.join(" and ")
+        );
+        return (Verdict::NonOk, line);
+    }
+    if let Some((daemon, Err(e))) = look.daemons.iter().find(|(_, said)| said.is_err()) {
+        let line = format!(
+            "cannot tell whether LocalDNS or its fallback answers on {} and {}: {} {e}",
+            listeners[0],
+            listeners[1],
+            daemon.name()
+        );
+        return (Verdict::Unknown, line);
+    }
+    let mut line = format!("LocalDNS answers on {} and {}", listeners[0], listeners[1]);
+    for (daemon, _) in &look.daemons {
+        line += &format!("; {} stands by", daemon.name());
+    }
+    (Verdict::Ok, line)
+}
+
+fn because(cause: TakeoverCause) -> &'static str {
+    match cause {
+        TakeoverCause::LocalDnsFailed => "LocalDNS failed",
+        TakeoverCause::AddressesGone => "LocalDNS's addresses went away",
+        TakeoverCause::SilentProbe => "LocalDNS's probe went unanswered",
+        TakeoverCause::ByHand => "it was started by hand",
+    }
+}
+
+/// Seconds since the Unix epoch as RFC 3339 in UTC, to the second.
+fn utc(secs: f64) -> String {
+    let secs = secs.max(0.0) as u64;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm), from 1970-01-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+fn ago(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3_600 => format!("{}m{}s", s / 60, s % 60),
+        3_600..86_400 => format!("{}h{}m", s / 3_600, s % 3_600 / 60),
+        _ => format!("{}d{}h", s / 86_400, s % 86_400 / 3_600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODE: &str = "169.254.10.10:53";
+    const CLUSTER: &str = "169.254.10.11:53";
+
+    fn listeners() -> [SocketAddr; 2] {
+        [NODE.parse().unwrap(), CLUSTER.parse().unwrap()]
+    }
+
+    fn daemon(standby: bool) -> Daemon {
+        Daemon {
+            pid: 4242,
+            standby,
+            metrics: Some("127.0.0.1:9356".parse().unwrap()),
+        }
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn the_verdicts() {
+        let holding = Published {
+            holding: [true, true],
+            since: 1_750_000_000.0,
+            cause: Some(TakeoverCause::SilentProbe),
+        };
+        let idle = Published {
+            holding: [false, false],
+            since: 0.0,
+            cause: None,
+        };
+        let judge_of =
+            |answered, daemons| judge(&Look { answered, daemons }, listeners(), at(1_750_000_192));
+        assert_eq!(
+            judge_of([true, true], vec![(daemon(true), Ok(holding))]),
+            (
+                Verdict::NonOk,
+                "LocalDNS is on its fallback: localdns-fallback --standby (pid 4242) holds the \
+                 flows of 169.254.10.10:53 and 169.254.10.11:53 since 2025-06-15T15:06:40Z (3m12s \
+                 ago), because LocalDNS's probe went unanswered"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            judge_of([true, true], vec![(daemon(true), Ok(idle))]),
+            (
+                Verdict::Ok,
+                "LocalDNS answers on 169.254.10.10:53 and 169.254.10.11:53; localdns-fallback \
+                 --standby (pid 4242) stands by"
+                    .to_string()
+            )
+        );
+        assert_eq!(judge_of([true, true], vec![]).0, Verdict::Ok);
+        let (v, line) = judge_of([true, false], vec![]);
+        assert_eq!(v, Verdict::NonOk);
+        assert_eq!(
+            line,
+            "nothing answers LocalDNS's probe on 169.254.10.11:53; no fallback runs"
+        );
+        // An answer, and a fallback whose state cannot be read: never OK.
+        let unread = Err("serves these listeners without --metrics".to_string());
+        let (v, line) = judge_of([true, true], vec![(daemon(false), unread)]);
+        assert_eq!(v, Verdict::Unknown, "{line}");
+        assert!(line.contains("(pid 4242) serves these listeners without --metrics"));
+    }
+
+    #[test]
+    fn published_reads_the_daemons_own_rendering() {
+        let m = crate::stats::Counters::new(SystemTime::now());
+        let sets =
+            crate::upstream::UpstreamSets::uncounted(vec![], vec![], std::time::Instant::now());
+        m.takeovers
+            .took_over(TakeoverCause::LocalDnsFailed, at(1_700_000_000));
+        let p = published(&crate::metrics::render(&m, &sets, None)).unwrap();
+        assert_eq!(
+            p,
+            Published {
+                holding: [true, true],
+                since: 1_700_000_000.0,
+                cause: Some(TakeoverCause::LocalDnsFailed),
+            }
+        );
+        m.takeovers.handed_back(at(1_700_000_100));
+        let p = published(&crate::metrics::render(&m, &sets, None)).unwrap();
+        assert_eq!((p.holding, p.cause), ([false, false], None));
+        assert!(published("# nothing\n").is_err());
+    }
+
+    #[test]
+    fn daemons_are_told_by_their_command_line() {
+        let cmdline = |args: &[&str]| args.join("\0").into_bytes();
+        let c = daemon_config(&cmdline(&[
+            "/opt/azure/containers/localdns/localdns-fallback",
+            "--standby",
+            "--metrics",
+            "127.0.0.1:9356",
+            "",
+        ]));
+        let c = c.expect("the standby unit's command line");
+        assert!(c.standby && serves(&c, &listeners()));
+        assert_eq!(c.metrics, Some("127.0.0.1:9356".parse().unwrap()));
+        for other in [
+            &["/usr/bin/coredns", "-conf", "x"][..],
+            &["localdns-fallback", "status"],
+            &["localdns-fallback", "release-addresses"],
+            &["localdns-fallback", "--bogus"],
+        ] {
+            assert!(daemon_config(&cmdline(other)).is_none(), "{other:?}");
+        }
+        let loopback = daemon_config(&cmdline(&[
+            "target/debug/localdns-fallback",
+            "--node-listen",
+            "127.0.0.9:0",
+            "--cluster-listen",
+            "127.0.0.10:0",
+        ]))
+        .unwrap();
+        let asked = [
+            "127.0.0.9:4053".parse().unwrap(),
+            "127.0.0.10:4054".parse().unwrap(),
+        ];
+        assert!(serves(&loopback, &asked));
+        assert!(!serves(&loopback, &listeners()));
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(utc(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400.0), "2000-02-29T00:00:00Z");
+        assert_eq!(utc(1_750_000_000.9), "2025-06-15T15:06:40Z");
+        assert_eq!(ago(42.0), "42s");
+        assert_eq!(ago(3_725.0), "1h2m");
+        assert_eq!(ago(-3.0), "0s");
+    }
+}
