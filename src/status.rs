@@ -2,8 +2,10 @@
 //! detector's custom plugin monitor (exit 0 OK, 1 NonOK, 2 Unknown; the first line of stdout is
 //! the message).
 //!
-//! It asks LocalDNS's probe name on both listeners, as LocalDNS's own probe does. An answer alone
-//! cannot tell LocalDNS from a fallback (both answer that name), so the fallbacks are asked too:
+//! It asks LocalDNS's probe name on both listeners, as LocalDNS's own probe does (while the
+//! standby holds the flows that name still reaches LocalDNS's sockets, see `listen`; a fallback
+//! that holds them alone answers it). An answer cannot tell LocalDNS from a fallback, so the
+//! fallbacks are asked too:
 //! every `localdns-fallback` daemon of this network namespace serving these listeners is found in
 //! /proc by its command line, which also names its `--metrics` address, and its `/metrics` say
 //! whether it holds the flows and since when. The daemon writes no file (Landlock), so nothing
@@ -284,8 +286,10 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
         if let Some(cause) = p.cause {
             line += &format!(", because {}", because(cause));
         }
+        // While the standby holds the flows, its steering still sends the probe name to
+        // LocalDNS's sockets: silence here is LocalDNS's own.
         if !silent.is_empty() {
-            line += &format!("; nothing answers on {}", silent.join(" and "));
+            line += &format!("; the probe gets no answer on {}", silent.join(" and "));
         }
         return (Verdict::NonOk, line);
     }

@@ -110,6 +110,24 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
     let before = r.scrape();
     let seen_before = r.upstream_queries(0);
     promtool_check(&before);
+    // Started by a test (no systemd, no LocalDNS markers): it holds the flows since its start,
+    // by hand.
+    for listener in ["node", "cluster"] {
+        let gauge = format!("localdns_fallback_holding_flows{{listener=\"{listener}\"}}");
+        assert_eq!(sample(&before, &gauge), 1.0, "{before}");
+    }
+    assert_eq!(
+        sample(
+            &before,
+            "localdns_fallback_takeovers_total{cause=\"by_hand\"}"
+        ),
+        1.0,
+        "a start by hand (unless this host has /run/localdns-handoff or MONITOR_UNIT set):\n{before}"
+    );
+    assert_eq!(sample(&before, "localdns_fallback_standby"), 0.0);
+    let started = sample(&before, "process_start_time_seconds");
+    let since = sample(&before, "localdns_fallback_last_takeover_timestamp_seconds");
+    assert!((started..started + 30.0).contains(&since), "{before}");
     for i in 0..3 {
         assert_eq!(
             r.dig(r.cluster, &[&format!("n{i}.svc.cluster.local")])
@@ -195,6 +213,84 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
     assert!(sample(&after, "localdns_fallback_cache_entries") >= 4.0);
     assert!(sample(&after, "process_start_time_seconds") > 1.7e9);
     assert!(after.contains("localdns_fallback_build_info{version=\""));
+}
+
+/// The shipped alerting rules, through promtool's own rule tests (units/prometheus).
+#[test]
+fn alert_rules_pass_their_promtool_tests() {
+    require_tools(&["promtool"]);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("units/prometheus");
+    for args in [
+        &["check", "rules", "localdns-fallback-alerts.yaml"][..],
+        &["test", "rules", "localdns-fallback-alerts.test.yaml"],
+    ] {
+        let out = std::process::Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("SUCCESS"),
+            "promtool {args:?}:\n{text}"
+        );
+    }
+}
+
+/// The node-problem-detector custom plugin monitor shipped in units/node-problem-detector runs
+/// the installed binary's `status` and sets a condition of its own from it.
+#[test]
+fn the_npd_plugin_config_runs_status_and_sets_its_condition() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("units/node-problem-detector/localdns-fallback.json");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(config["plugin"], "custom");
+    let plugin = &config["pluginConfig"];
+    // The status line is longer than NPD's default 80 characters.
+    assert!(plugin["max_output_length"].as_u64().unwrap() >= 200);
+    let condition = config["conditions"][0]["type"].as_str().unwrap();
+    assert_eq!(condition, "LocalDNSOnFallback");
+    let rules = config["rules"].as_array().unwrap();
+    let of_type = |t: &str| rules.iter().filter(|r| r["type"] == t).count();
+    assert_eq!((of_type("permanent"), of_type("temporary")), (1, 1));
+    for rule in rules {
+        assert_eq!(
+            rule["path"],
+            "/opt/azure/containers/localdns/localdns-fallback"
+        );
+        assert_eq!(rule["args"], serde_json::json!(["status"]));
+        if rule["type"] == "permanent" {
+            assert_eq!(rule["condition"], condition);
+        }
+    }
+}
+
+/// `status` beside a fallback whose state it cannot read (no `--metrics`) cannot tell LocalDNS's
+/// answers from the fallback's: Unknown (exit 2), never OK.
+#[test]
+fn status_cannot_tell_beside_a_fallback_without_metrics() {
+    let r = Rig::loopback()
+        .upstream(Mode::Normal { answer_v4: ANSWER })
+        .start();
+    let out = std::process::Command::new(forwarder_binary())
+        .args(["status", "--node-listen"])
+        .arg(r.node.to_string())
+        .arg("--cluster-listen")
+        .arg(r.cluster.to_string())
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{line}");
+    assert!(
+        line.starts_with("cannot tell whether LocalDNS or its fallback answers")
+            && line.contains(&format!(
+                "(pid {}) serves these listeners without --metrics",
+                r.fwd.pid()
+            )),
+        "{line}"
+    );
 }
 
 #[test]

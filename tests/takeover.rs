@@ -1,0 +1,244 @@
+//! The fleet's view of a takeover, in network namespaces: `/metrics` says whether the fallback
+//! holds LocalDNS's flows, why it took them and when, and `localdns-fallback status` (the
+//! node-problem-detector plugin) tells LocalDNS, a fallback and silence apart, with the real
+//! binary beside a LocalDNS stand-in.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::Signal;
+
+const LISTENERS: &str = "169.254.10.10:53 and 169.254.10.11:53";
+
+/// A node namespace (listeners on link `localdns`) and one upstream.
+fn node() -> (Topology, Upstream, Responder) {
+    require_root_and_tools(&["ip", "curl"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let r = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Normal {
+            answer_v4: "10.0.0.1".parse().unwrap(),
+        },
+    );
+    (topo, up, r)
+}
+
+/// `localdns-fallback status` in `ns`, on the default listeners: its exit status and first line.
+fn status(ns: &Netns) -> (i32, String) {
+    let out = ns.exec(forwarder_binary(), ["status"]).output().unwrap();
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    eprintln!("status: exit {:?}: {line}", out.status.code());
+    (out.status.code().unwrap_or(-1), line)
+}
+
+/// `/metrics` of the daemon serving them at `addr` in `ns`.
+fn scrape(ns: &Netns, addr: &str) -> String {
+    let out = ns
+        .exec(
+            "curl",
+            ["-sS", "--max-time", "5", &format!("http://{addr}/metrics")],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The value of the sample `series` (labels as rendered); panics if absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn holding(text: &str) -> [f64; 2] {
+    ["node", "cluster"].map(|l| {
+        sample(
+            text,
+            &format!("localdns_fallback_holding_flows{{listener=\"{l}\"}}"),
+        )
+    })
+}
+
+fn count(text: &str, total: &str, cause: &str) -> f64 {
+    sample(
+        text,
+        &format!("localdns_fallback_{total}{{cause=\"{cause}\"}}"),
+    )
+}
+
+#[test]
+fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
+    let (topo, up, _r) = node();
+    let localdns = LocalDnsStandIn::start(&topo.node);
+    let metrics = "127.0.0.1:9356";
+    let f = Forwarder::spawn(
+        &topo.node,
+        &upstream_args(&up, &["--standby", "--metrics", metrics]),
+    );
+    assert!(
+        f.wait_for_log("standing by", Duration::from_secs(10)),
+        "{}",
+        f.logs()
+    );
+    let text = scrape(&topo.node, metrics);
+    assert_eq!(holding(&text), [0.0, 0.0], "{text}");
+    assert_eq!(sample(&text, "localdns_fallback_standby"), 1.0);
+    assert_eq!(
+        sample(&text, "localdns_fallback_last_takeover_timestamp_seconds"),
+        0.0
+    );
+    let (code, line) = status(&topo.node);
+    assert_eq!(code, 0, "{line}");
+    assert_eq!(
+        line,
+        format!(
+            "LocalDNS answers on {LISTENERS}; localdns-fallback --standby (pid {}) stands by",
+            f.pid()
+        )
+    );
+
+    // LocalDNS hangs: the standby takes the flows because its probe goes unanswered.
+    localdns.hung.store(true, Ordering::Relaxed);
+    assert!(
+        f.wait_for_log(
+            "LocalDNS stopped answering its probe",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        f.logs()
+    );
+    let text = scrape(&topo.node, metrics);
+    assert_eq!(holding(&text), [1.0, 1.0], "{text}");
+    assert_eq!(count(&text, "takeovers_total", "silent_probe"), 1.0);
+    let since = sample(&text, "localdns_fallback_last_takeover_timestamp_seconds");
+    let started = sample(&text, "process_start_time_seconds");
+    assert!(since > started, "{text}");
+    let (code, line) = status(&topo.node);
+    assert_eq!(code, 1, "{line}");
+    let fallback = format!(
+        "LocalDNS is on its fallback: localdns-fallback --standby (pid {}) holds the flows of {LISTENERS} since ",
+        f.pid()
+    );
+    assert!(line.starts_with(&fallback), "{line}");
+    // The standby still sends the probe name to the hung LocalDNS.
+    assert!(
+        line.ends_with(&format!(
+            "ago), because LocalDNS's probe went unanswered; the probe gets no answer on {LISTENERS}"
+        )),
+        "{line}"
+    );
+
+    // LocalDNS answers again: the hand-back is counted under the cause of the takeover it ends.
+    localdns.hung.store(false, Ordering::Relaxed);
+    assert!(
+        f.wait_for_log("LocalDNS answers again", Duration::from_secs(5)),
+        "{}",
+        f.logs()
+    );
+    let text = scrape(&topo.node, metrics);
+    assert_eq!(holding(&text), [0.0, 0.0], "{text}");
+    assert_eq!(count(&text, "handbacks_total", "silent_probe"), 1.0);
+    assert!(sample(&text, "localdns_fallback_last_handback_timestamp_seconds") >= since);
+    assert_eq!(status(&topo.node).0, 0);
+
+    // LocalDNS stops and its script deletes its link: the standby takes the flows as the
+    // addresses go.
+    topo.node.ip("link del localdns");
+    drop(localdns);
+    assert!(
+        f.wait_for_log(
+            "the listener addresses are gone with LocalDNS's link",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        f.logs()
+    );
+    let text = scrape(&topo.node, metrics);
+    assert_eq!(holding(&text), [1.0, 1.0], "{text}");
+    assert_eq!(count(&text, "takeovers_total", "addresses_gone"), 1.0);
+    assert_eq!(count(&text, "takeovers_total", "silent_probe"), 1.0);
+    assert_eq!(count(&text, "takeovers_total", "localdns_failed"), 0.0);
+    assert_eq!(count(&text, "takeovers_total", "by_hand"), 0.0);
+    let (code, line) = status(&topo.node);
+    assert_eq!(code, 1, "{line}");
+    assert!(
+        line.starts_with(&fallback) && line.ends_with("because LocalDNS's addresses went away"),
+        "{line}"
+    );
+}
+
+#[test]
+fn status_tells_localdns_a_fallback_and_silence_apart() {
+    let (topo, up, _r) = node();
+    let localdns = LocalDnsStandIn::start(&topo.node);
+    let (code, line) = status(&topo.node);
+    assert_eq!(
+        (code, line.as_str()),
+        (0, format!("LocalDNS answers on {LISTENERS}").as_str())
+    );
+
+    // LocalDNS is gone, its link left behind (a crash): nothing answers, and nothing covers.
+    drop(localdns);
+    let (code, line) = status(&topo.node);
+    assert_eq!(code, 1, "{line}");
+    assert_eq!(
+        line,
+        format!("nothing answers LocalDNS's probe on {LISTENERS}; no fallback runs")
+    );
+
+    // systemd starts the fallback for the failed LocalDNS (OnFailure= says which unit failed).
+    let metrics = "127.0.0.1:9355";
+    let f = Forwarder::spawn_with_env(
+        &topo.node,
+        &upstream_args(&up, &["--metrics", metrics]),
+        &[("MONITOR_UNIT", "localdns.service")],
+    );
+    f.wait_ready(
+        &topo.node,
+        "169.254.10.11:53".parse().unwrap(),
+        Duration::from_secs(10),
+    );
+    let text = scrape(&topo.node, metrics);
+    assert_eq!(holding(&text), [1.0, 1.0], "{text}");
+    assert_eq!(count(&text, "takeovers_total", "localdns_failed"), 1.0);
+    assert_eq!(sample(&text, "localdns_fallback_standby"), 0.0);
+    let (code, line) = status(&topo.node);
+    assert_eq!(code, 1, "{line}");
+    assert!(
+        line.starts_with(&format!(
+            "LocalDNS is on its fallback: localdns-fallback (pid {}) holds the flows of {LISTENERS} since 20",
+            f.pid()
+        )) && line.ends_with("s ago), because LocalDNS failed"),
+        "{line}"
+    );
+
+    // The fallback is stopped and LocalDNS has not come back: silence again.
+    f.signal(Signal::SIGTERM);
+    let exited = f.wait_exit(Duration::from_secs(5)).expect("exits");
+    assert!(exited.success(), "{exited}:\n{}", f.logs());
+    let (code, line) = status(&topo.node);
+    assert_eq!(
+        (code, line.as_str()),
+        (
+            1,
+            format!("nothing answers LocalDNS's probe on {LISTENERS}; no fallback runs").as_str()
+        )
+    );
+}
