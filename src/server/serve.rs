@@ -54,12 +54,14 @@ pub async fn serve(
     let running = Running::start(config, prepared, own_probes).await?;
     tokio::select! {
         () = shutdown => {}
-        () = standby::stand_by(prober, running.held.clone(), running.config.clone(), localdns_serves) => {}
+        () = standby::stand_by(prober, running.held.clone(), running.config.clone(), running.counters.clone(), localdns_serves) => {}
     }
     running.stop().await;
     Ok(())
 }
 
+    /// Who holds the flows, for `/metrics`: the standby moves them, the stop hands them back.
+    counters: Arc<Counters>,
 /// A serving daemon: what its stop needs to reach.
 struct Running {
     config: Arc<Config>,
@@ -166,6 +168,12 @@ impl Running {
             .into_iter()
             .enumerate()
         {
+        counters.takeovers.set_standby(config.standby);
+        if !config.standby {
+            counters
+                .takeovers
+                .took_over(standby::start_cause(), std::time::SystemTime::now());
+        }
             let started = start_listener(&shared, index, role, bound)?;
             held.push(started.held);
             relay_threads.extend(started.relay_threads);
@@ -184,6 +192,7 @@ impl Running {
         );
         let held = Arc::new(Mutex::new(held));
         // On standby, the steering follows LocalDNS's answers instead (see `standby`).
+            counters,
         let following =
             (!config.standby).then(|| tokio::spawn(follow_steering(held.clone())).abort_handle());
         Ok(Running {
@@ -204,6 +213,7 @@ impl Running {
 
     /// Hands new flows to LocalDNS where it has joined our ports, stops the listeners, lets
     /// what is in flight finish for up to `DRAIN`, then detaches the steering and takes the
+            counters,
     /// listener addresses off `lo`.
     async fn stop(self) {
         let Running {
@@ -225,6 +235,7 @@ impl Running {
             following.abort();
         }
         // New flows to LocalDNS first (when it has joined our ports): the relay threads then
+            counters.takeovers.handed_back(std::time::SystemTime::now());
         // answer what already reached us before they close.
         let held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
         // The drain needs every listener handed over.

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use nix::sys::socket::MsgFlags;
 use tokio::io::unix::AsyncFd;
@@ -24,6 +24,7 @@ use crate::link;
 use crate::listen::Held;
 use crate::probe::{self, OwnProbes, Prober, Seen};
 
+use crate::stats::{Counters, TakeoverCause};
 /// Written by the drop-in wiring's script while LocalDNS is being stopped for a restart: it
 /// starts the fallback beside a LocalDNS that still answers, to take over before it goes.
 pub const LOCALDNS_STOPPING: &str = "/run/localdns-handoff/stopping";
@@ -57,6 +58,23 @@ pub fn localdns_stopping() -> bool {
 }
 
 /// The standby's prober, and what the relays need to drop its questions. Beside a LocalDNS that
+/// Why a start without `--standby` takes the flows: systemd started it for LocalDNS when it says
+/// so (`OnFailure=` sets MONITOR_UNIT from systemd 251, the drop-in's path unit TRIGGER_UNIT), or
+/// the drop-in's markers say LocalDNS is being restarted or is not ready; else it was started by
+/// hand (so is an `OnFailure=` start on systemd 249, which tells nothing).
+pub fn start_cause() -> TakeoverCause {
+    let by_systemd = ["MONITOR_UNIT", "TRIGGER_UNIT"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    let handoff = Path::new(LOCALDNS_STOPPING).parent().filter(|d| d.is_dir());
+    let not_ready = handoff.is_some_and(|d| !d.join("ready").exists());
+    if by_systemd || localdns_stopping() || not_ready {
+        TakeoverCause::LocalDnsFailed
+    } else {
+        TakeoverCause::ByHand
+    }
+}
+
 /// answers, the listeners bound a moment ago with the steering on us give LocalDNS its flows back
 /// before anything else starts (discovery's first look alone can take seconds).
 pub fn begin(
@@ -80,6 +98,7 @@ pub fn begin(
 
 /// Who holds the flows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    counters: Arc<Counters>,
 enum Holder {
     LocalDns,
     Us,
@@ -89,6 +108,9 @@ enum Holder {
 pub async fn stand_by(
     mut prober: Prober,
     held: Arc<Mutex<Vec<Held>>>,
+        counters
+            .takeovers
+            .took_over(TakeoverCause::SilentProbe, SystemTime::now());
     config: Arc<Config>,
     initially: bool,
 ) {
@@ -124,6 +146,9 @@ pub async fn stand_by(
             seen = async {
                 tokio::time::sleep_until(next).await;
                 next = tokio::time::Instant::now() + probe::EVERY;
+            counters
+                .takeovers
+                .took_over(TakeoverCause::AddressesGone, SystemTime::now());
                 prober.ask(probe::WAIT).await
             } => Some(seen),
             () = addresses_gone(&config, &changes), if watching => None,
@@ -134,6 +159,7 @@ pub async fn stand_by(
                 &config,
                 "the listener addresses are gone with LocalDNS's link",
             );
+                        counters.takeovers.handed_back(SystemTime::now());
             holder = Holder::Us;
             (silent, answered) = (0, 0);
             continue;
@@ -149,6 +175,9 @@ pub async fn stand_by(
                     } else if !said_stuck {
                         tracing::warn!(
                             "LocalDNS answers, but has no socket in our ports' groups; serving on"
+                    counters
+                        .takeovers
+                        .took_over(TakeoverCause::SilentProbe, SystemTime::now());
                         );
                         said_stuck = true;
                     }
