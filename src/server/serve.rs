@@ -60,12 +60,12 @@ pub async fn serve(
     Ok(())
 }
 
-    /// Who holds the flows, for `/metrics`: the standby moves them, the stop hands them back.
-    counters: Arc<Counters>,
 /// A serving daemon: what its stop needs to reach.
 struct Running {
     config: Arc<Config>,
     notifier: Arc<Notifier>,
+    /// Who holds the flows, for `/metrics`: the standby moves them, the stop hands them back.
+    counters: Arc<Counters>,
     /// The listeners' steering and sockets, for the hand-over to LocalDNS at the stop.
     held: Arc<Mutex<Vec<Held>>>,
     /// Keeps `held` on our own sockets (not on standby); ends first at the stop.
@@ -168,16 +168,16 @@ impl Running {
             .into_iter()
             .enumerate()
         {
+            let started = start_listener(&shared, index, role, bound)?;
+            held.push(started.held);
+            relay_threads.extend(started.relay_threads);
+            tasks.push(started.tcp);
+        }
         counters.takeovers.set_standby(config.standby);
         if !config.standby {
             counters
                 .takeovers
                 .took_over(standby::start_cause(), std::time::SystemTime::now());
-        }
-            let started = start_listener(&shared, index, role, bound)?;
-            held.push(started.held);
-            relay_threads.extend(started.relay_threads);
-            tasks.push(started.tcp);
         }
         tracing::info!("ready");
         notifier.notify("READY=1");
@@ -192,12 +192,12 @@ impl Running {
         );
         let held = Arc::new(Mutex::new(held));
         // On standby, the steering follows LocalDNS's answers instead (see `standby`).
-            counters,
         let following =
             (!config.standby).then(|| tokio::spawn(follow_steering(held.clone())).abort_handle());
         Ok(Running {
             config,
             notifier,
+            counters,
             held,
             following,
             reporting,
@@ -213,12 +213,12 @@ impl Running {
 
     /// Hands new flows to LocalDNS where it has joined our ports, stops the listeners, lets
     /// what is in flight finish for up to `DRAIN`, then detaches the steering and takes the
-            counters,
     /// listener addresses off `lo`.
     async fn stop(self) {
         let Running {
             config,
             notifier,
+            counters,
             held,
             following,
             reporting,
@@ -235,12 +235,12 @@ impl Running {
             following.abort();
         }
         // New flows to LocalDNS first (when it has joined our ports): the relay threads then
-            counters.takeovers.handed_back(std::time::SystemTime::now());
         // answer what already reached us before they close.
         let held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
         // The drain needs every listener handed over.
         let handed = Held::hand_over_all(&held);
         if handed {
+            counters.takeovers.handed_back(std::time::SystemTime::now());
             tracing::info!("stopping: new flows go to LocalDNS; answering what we have");
         } else {
             tracing::info!("stopping: closing listeners");

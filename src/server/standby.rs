@@ -23,8 +23,8 @@ use crate::cli::Config;
 use crate::link;
 use crate::listen::Held;
 use crate::probe::{self, OwnProbes, Prober, Seen};
-
 use crate::stats::{Counters, TakeoverCause};
+
 /// Written by the drop-in wiring's script while LocalDNS is being stopped for a restart: it
 /// starts the fallback beside a LocalDNS that still answers, to take over before it goes.
 pub const LOCALDNS_STOPPING: &str = "/run/localdns-handoff/stopping";
@@ -57,7 +57,6 @@ pub fn localdns_stopping() -> bool {
     Path::new(LOCALDNS_STOPPING).exists()
 }
 
-/// The standby's prober, and what the relays need to drop its questions. Beside a LocalDNS that
 /// Why a start without `--standby` takes the flows: systemd started it for LocalDNS when it says
 /// so (`OnFailure=` sets MONITOR_UNIT from systemd 251, the drop-in's path unit TRIGGER_UNIT), or
 /// the drop-in's markers say LocalDNS is being restarted or is not ready; else it was started by
@@ -75,6 +74,7 @@ pub fn start_cause() -> TakeoverCause {
     }
 }
 
+/// The standby's prober, and what the relays need to drop its questions. Beside a LocalDNS that
 /// answers, the listeners bound a moment ago with the steering on us give LocalDNS its flows back
 /// before anything else starts (discovery's first look alone can take seconds).
 pub fn begin(
@@ -98,7 +98,6 @@ pub fn begin(
 
 /// Who holds the flows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    counters: Arc<Counters>,
 enum Holder {
     LocalDns,
     Us,
@@ -108,10 +107,8 @@ enum Holder {
 pub async fn stand_by(
     mut prober: Prober,
     held: Arc<Mutex<Vec<Held>>>,
-        counters
-            .takeovers
-            .took_over(TakeoverCause::SilentProbe, SystemTime::now());
     config: Arc<Config>,
+    counters: Arc<Counters>,
     initially: bool,
 ) {
     let mut holder = if initially {
@@ -121,6 +118,9 @@ pub async fn stand_by(
     };
     if holder == Holder::Us {
         take(&held, &config, "LocalDNS does not answer");
+        counters
+            .takeovers
+            .took_over(TakeoverCause::SilentProbe, SystemTime::now());
     }
     let changes = match link::address_changes() {
         // SAFETY: an OwnedFd is an open descriptor that stays the same until it is dropped,
@@ -146,9 +146,6 @@ pub async fn stand_by(
             seen = async {
                 tokio::time::sleep_until(next).await;
                 next = tokio::time::Instant::now() + probe::EVERY;
-            counters
-                .takeovers
-                .took_over(TakeoverCause::AddressesGone, SystemTime::now());
                 prober.ask(probe::WAIT).await
             } => Some(seen),
             () = addresses_gone(&config, &changes), if watching => None,
@@ -159,7 +156,9 @@ pub async fn stand_by(
                 &config,
                 "the listener addresses are gone with LocalDNS's link",
             );
-                        counters.takeovers.handed_back(SystemTime::now());
+            counters
+                .takeovers
+                .took_over(TakeoverCause::AddressesGone, SystemTime::now());
             holder = Holder::Us;
             (silent, answered) = (0, 0);
             continue;
@@ -170,14 +169,12 @@ pub async fn stand_by(
                 answered += 1;
                 if holder == Holder::Us && answered >= ROUNDS_TO_ACT {
                     if give_back(&held, &config) {
+                        counters.takeovers.handed_back(SystemTime::now());
                         holder = Holder::LocalDns;
                         said_stuck = false;
                     } else if !said_stuck {
                         tracing::warn!(
                             "LocalDNS answers, but has no socket in our ports' groups; serving on"
-                    counters
-                        .takeovers
-                        .took_over(TakeoverCause::SilentProbe, SystemTime::now());
                         );
                         said_stuck = true;
                     }
@@ -188,6 +185,9 @@ pub async fn stand_by(
                 silent += 1;
                 if holder == Holder::LocalDns && silent >= ROUNDS_TO_ACT {
                     take(&held, &config, "LocalDNS stopped answering its probe");
+                    counters
+                        .takeovers
+                        .took_over(TakeoverCause::SilentProbe, SystemTime::now());
                     holder = Holder::Us;
                 } else if holder == Holder::LocalDns {
                     // Asked again at once: the takeover is due within 0.5 s of the silence.
