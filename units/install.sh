@@ -13,7 +13,15 @@
 #   --wiring drop-in     our drop-in on localdns.service and the trigger path unit;
 #   --standby            also enable localdns-fallback-standby.service, which runs beside LocalDNS
 #                        and takes over within 0.5 s of it going silent (with on-failure).
-# --root works on another root file system (an image being built, a test container).
+# --root works on another root file system (an image being built, a test container). --no-start
+# enables the standby unit without starting it (the package's postinst: nothing starts at install).
+#
+# The Debian package ships this script as /usr/share/localdns-fallback/install.sh, beside the
+# drop-in (localdns.service.d/, inactive there), and runs it from its maintainer scripts
+# (units/debian/). dpkg itself puts the binary, the handoff script and the units in place: files
+# whose source is not beside the script are the package's, left as they are (never copied, never
+# removed; --uninstall there removes only what the script added: the drop-in and the standby's
+# enablement).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -64,10 +72,14 @@ unit=etc/systemd/system/localdns-fallback.service
 # ------------------------------------------------------------------------------------------------
 
 root=""
-binary="$here/../target/release/localdns-fallback"
+binary=""
 action=install
 wiring=auto
 standby=""
+no_start=""
+# Run from the package (no units beside the script): see the top.
+packaged=""
+[[ -f $here/localdns-fallback.service ]] || packaged=1
 while (($#)); do
     case $1 in
         --uninstall) action=uninstall ;;
@@ -80,11 +92,16 @@ while (($#)); do
                 { echo "install.sh: --wiring auto, drop-in or on-failure, not \"$wiring\"" >&2; exit 2; }
             ;;
         --standby) standby=1 ;;
+        --no-start) no_start=1 ;;
         *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
 root=${root%/}
+# The binary: the release build beside the sources, or the package's, already in place.
+if [[ -z $binary ]]; then
+    if [[ -n $packaged ]]; then binary=$root/opt/azure/containers/localdns/localdns-fallback; else binary=$here/../target/release/localdns-fallback; fi
+fi
 
 reload() {
     # Only the running systemd of this root; an image being built has none.
@@ -165,7 +182,8 @@ on_failure_mismatch() {
     local localdns unit_files=()
     localdns=$(localdns_unit)
     [[ -n $localdns ]] || return 0
-    mapfile -t unit_files < <(localdns_files)
+    # (A here-string, not < <(...): a root being built may have no /dev/fd.)
+    mapfile -t unit_files <<<"$(localdns_files)"
     # OnFailure= takes a space-separated list.
     section_list Unit OnFailure "${unit_files[@]}" | tr ' ' '\n' | grep -qx localdns-fallback.service ||
         echo "LocalDNS's unit $localdns has no OnFailure=localdns-fallback.service: the on-failure wiring needs it"
@@ -304,12 +322,19 @@ case $action in
         for entry in "${files[@]}"; do
             read -r src dest mode <<<"$entry"
             [[ $src == binary ]] && src=$binary || src=$here/$src
+            # The package's own file (or the binary in place): dpkg installed it.
+            if [[ -n $packaged && ( ! -e $src || $src -ef $root/$dest ) ]]; then
+                [[ -e $root/$dest ]] || { echo "install.sh: missing $root/$dest (reinstall the package)" >&2; exit 1; }
+                continue
+            fi
             install -D -m "$mode" "$src" "$root/$dest"
         done
         if [[ $wiring == on-failure ]]; then
             # One wiring at a time: the drop-in's starts and the node image's stop would interleave.
+            # (The package's handoff script and path unit stay: without the drop-in nothing runs them.)
             for entry in "${dropin_files[@]}"; do
                 read -r src dest mode <<<"$entry"
+                [[ -n $packaged && $dest != "$dropin" ]] && continue
                 rm -f "$root/$dest"
             done
             rmdir --ignore-fail-on-non-empty "$root/etc/systemd/system/localdns.service.d" 2>/dev/null || true
@@ -319,10 +344,10 @@ case $action in
             ln -sfn /etc/systemd/system/localdns-fallback-standby.service "$root/$standby_link"
         fi
         reload
-        if [[ -n $standby && -z $root && -d /run/systemd/system ]]; then
+        if [[ -n $standby && -z $no_start && -z $root && -d /run/systemd/system ]]; then
             systemctl start --no-block localdns-fallback-standby.service
         fi
-        echo "installed $(installed) (wiring: $wiring${standby:+, standby enabled})"
+        echo "installed $(installed) (wiring: $wiring${standby:+, standby enabled${no_start:+ for the next boot, not started}})"
         ;;
     uninstall)
         if [[ -z $root && -d /run/systemd/system ]]; then
@@ -332,6 +357,8 @@ case $action in
         foreign=$(foreign_unit) removed=""
         for entry in "${files[@]}"; do
             read -r src dest mode <<<"$entry"
+            # The package's files are dpkg's to remove.
+            [[ -n $packaged && $dest != "$dropin" ]] && continue
             if [[ $dest == "$unit" && -n $foreign ]]; then
                 echo "install.sh: left in place: $foreign" >&2
                 continue
@@ -344,7 +371,7 @@ case $action in
             fi
         done
         reload
-        echo "removed $removed"
+        echo "removed ${removed:-nothing: the rest is the package, for dpkg to remove}"
         ;;
     check)
         problems=$(check)
