@@ -41,8 +41,12 @@ fn bind_ours() -> Bound {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(listen::bind_listener(listener(), Duration::from_secs(1)))
-        .expect("binds")
+    rt.block_on(listen::bind_listener(
+        listener(),
+        Duration::from_secs(1),
+        listen::FlowsTo::Us,
+    ))
+    .expect("binds")
 }
 
 /// Another process's sockets on the same port with SO_REUSEPORT, as CoreDNS binds them.

@@ -108,6 +108,58 @@ fn a_start_beside_a_serving_localdns_takes_no_flow_and_ends_cleanly() {
     );
 }
 
+/// Whatever happens to the standby beside a LocalDNS that answers (a start, a kill and the
+/// restart after it, a stop, a start again), pods' queries to both listeners all go to LocalDNS:
+/// none is answered by the standby, none is lost.
+#[test]
+fn standby_starts_killed_restarted_and_stopped_beside_a_serving_localdns_take_no_flow() {
+    let (topo, up, _r) = node();
+    let _localdns = LocalDnsStandIn::start(&topo.node);
+    let asking = ask_for(&topo.node, Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(100));
+    let args = upstream_args(&up, &["--standby"]);
+    let standing_by = |f: &Forwarder| {
+        assert!(
+            f.wait_for_log("standing by", Duration::from_secs(5)),
+            "{}",
+            f.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let mut logs = String::new();
+    let first = Forwarder::spawn(&topo.node, &args);
+    standing_by(&first);
+    first.signal(Signal::SIGKILL);
+    first.wait_exit(Duration::from_secs(5)).expect("killed");
+    logs += &first.logs();
+    let restarted = Forwarder::spawn(&topo.node, &args);
+    standing_by(&restarted);
+    restarted.signal(Signal::SIGTERM);
+    let status = restarted.wait_exit(Duration::from_secs(5)).expect("stops");
+    logs += &restarted.logs();
+    assert!(status.success(), "{status}:\n{logs}");
+    let again = Forwarder::spawn(&topo.node, &args);
+    standing_by(&again);
+    let samples = asking.join().unwrap();
+    logs += &again.logs();
+    let taken = samples.iter().filter(|s| s.1 == Who::Fallback).count();
+    let lost = samples.iter().filter(|s| s.1 == Who::Nobody).count();
+    eprintln!(
+        "{} queries across a standby's start, kill, restart, stop and start beside a serving \
+         LocalDNS: {taken} answered by the standby, {lost} lost",
+        samples.len()
+    );
+    assert_eq!(
+        (taken, lost),
+        (0, 0),
+        "flows taken from a serving LocalDNS:\n{logs}"
+    );
+    assert!(
+        !listener_addresses_on_lo(&topo.node),
+        "addresses on lo while standing by"
+    );
+}
+
 #[test]
 fn standby_takes_a_silent_localdns_flows_within_half_a_second_and_gives_them_back() {
     let (topo, up, _r) = node();

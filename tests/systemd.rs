@@ -697,6 +697,11 @@ macro_rules! generation {
             fn s9_node_image_wiring_with_the_standby_unit_phases_and_a_hung_localdns() {
                 node_image::node_image_phases($suite, true);
             }
+
+            #[test]
+            fn s10_standby_killed_and_restarted_beside_a_serving_localdns_takes_no_flow() {
+                node_image::standby_restarts_beside_a_serving_localdns($suite);
+            }
         }
     };
 }

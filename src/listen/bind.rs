@@ -1,6 +1,7 @@
 //! Binding a listener: UDP and TCP on one address and port, IP_FREEBIND, SO_REUSEPORT shared
 //! with LocalDNS, and a bounded retry while the port is busy. Our place in each port's group is
-//! read at bind time, and flows are steered to our sockets from then on (see `steer`).
+//! read at bind time, and flows are steered from the bind on: to our sockets, or, standing by
+//! beside a LocalDNS that answers, to its (see `steer`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::steer::{Held, Proto, Slot, Steering, group_members, steer_or_warn};
+use super::steer::{FlowsTo, Held, Proto, Slot, Steering, group_members, steer_at_join};
 
 /// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
 /// the worker is busy waits in the kernel instead of being dropped, and a burst of answers (a
@@ -31,7 +32,7 @@ pub struct Bound {
     /// Non-blocking; registered with the serving runtime by `serve` (it is bound before that
     /// runtime exists).
     pub tcp: std::net::TcpListener,
-    /// Where our sockets sit in their SO_REUSEPORT groups; flows are steered to them from bind on.
+    /// Where our sockets sit in their SO_REUSEPORT groups; flows are steered from bind on.
     pub steering: Steering,
 }
 impl Bound {
@@ -42,17 +43,23 @@ impl Bound {
 }
 
 /// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
-/// orphaned CoreDNS can hold it for a moment after a crash.
-pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound, String> {
+/// orphaned CoreDNS can hold it for a moment after a crash. New flows go where `flows` says from
+/// the instant each socket joins its group.
+pub async fn bind_listener(
+    addr: SocketAddr,
+    patience: Duration,
+    flows: FlowsTo,
+) -> Result<Bound, String> {
     let started = Instant::now();
     loop {
-        match bind_pair(addr) {
+        match bind_pair(addr, flows) {
             Ok((udp, tcp, bound, steering)) => {
                 let udp = udp.into();
                 let tcp: std::net::TcpListener = tcp.into();
                 tcp.set_nonblocking(true)
                     .map_err(|e| format!("cannot make TCP socket {addr} non-blocking: {e}"))?;
-                if steering.udp_slot() != Some(0) || steering.tcp_slot() != Some(0) {
+                let first = steering.udp_slot() == Some(0) && steering.tcp_slot() == Some(0);
+                if flows == FlowsTo::Us && !first {
                     // A LocalDNS that is starting (or an orphaned CoreDNS).
                     tracing::info!(
                         %addr,
@@ -84,17 +91,23 @@ pub async fn bind_listener(addr: SocketAddr, patience: Duration) -> Result<Bound
 
 /// Binds UDP, then TCP on the same port. Port 0 (tests) means the port the kernel gives the UDP
 /// socket; should TCP find that port taken, another pair is tried.
-fn bind_pair(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
+fn bind_pair(
+    addr: SocketAddr,
+    flows: FlowsTo,
+) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
     for _ in 0..16 {
-        match bind_pair_once(addr) {
+        match bind_pair_once(addr, flows) {
             Err(e) if addr.port() == 0 && e.kind() == io::ErrorKind::AddrInUse => continue,
             other => return other,
         }
     }
-    bind_pair_once(addr)
+    bind_pair_once(addr, flows)
 }
 
-fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
+fn bind_pair_once(
+    addr: SocketAddr,
+    flows: FlowsTo,
+) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
     // Members already in each group come first; we join at the end. (A process binding at the
     // same instant could take our index; LocalDNS does not start while we start.)
     // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
@@ -103,14 +116,15 @@ fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, S
     let udp_before = group_members(addr, Proto::Udp)?;
     let udp = new_socket(addr, Type::DGRAM, Protocol::UDP, share)?;
     udp.bind(&addr.into())?;
+    // Nothing between the join and the steering: see `steer_at_join`.
+    if share {
+        steer_at_join(udp.as_fd(), udp_before.len() as u32, flows, addr);
+    }
     let addr = udp
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
     let udp_slot = Slot::joined(inode(udp.as_fd())?, &udp_before);
-    if share {
-        steer_or_warn(udp.as_fd(), udp_before.len() as u32, addr);
-    }
     let tcp_before = group_members(addr, Proto::Tcp)?;
     let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
     // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
@@ -118,10 +132,10 @@ fn bind_pair_once(addr: SocketAddr) -> io::Result<(Socket, Socket, SocketAddr, S
     tcp.bind(&addr.into())?;
     // A TCP socket joins its group when it starts listening; the program goes on after that.
     tcp.listen(TCP_BACKLOG)?;
-    let tcp_slot = Slot::joined(inode(tcp.as_fd())?, &tcp_before);
     if share {
-        steer_or_warn(tcp.as_fd(), tcp_before.len() as u32, addr);
+        steer_at_join(tcp.as_fd(), tcp_before.len() as u32, flows, addr);
     }
+    let tcp_slot = Slot::joined(inode(tcp.as_fd())?, &tcp_before);
     Ok((
         udp,
         tcp,

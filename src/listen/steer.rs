@@ -110,8 +110,8 @@ impl Steering {
 
 /// One listener's steering and a descriptor of each of its sockets, kept by start-up for the
 /// hand-over (see `handoff`): the steering is followed while we serve, re-pointed when we hand
-/// over, and detached right before the sockets close, which is when this is dropped (the serving
-/// loops' own descriptors are closed by then).
+/// over, and, if we could not, detached right before the sockets close, which is when this is
+/// dropped (the serving loops' own descriptors are closed by then).
 pub struct Held {
     pub steering: Steering,
     udp: OwnedFd,
@@ -356,10 +356,30 @@ fn attach(fd: BorrowedFd<'_>, program: &[nix::libc::sock_filter]) -> io::Result<
     }
 }
 
-/// Steering is worth having, not worth failing for: without it we still serve, sharing flows.
-pub(super) fn steer_or_warn(fd: BorrowedFd<'_>, slot: u32, addr: SocketAddr) {
-    if let Err(e) = steer_to(fd, slot) {
-        tracing::warn!(%addr, error = %e, "cannot steer flows to our socket; sharing them with any other member");
+/// Who gets new flows from the instant our sockets join their groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowsTo {
+    /// We take over: every flow to our socket.
+    Us,
+    /// The standby beside a LocalDNS that answers: every flow to the members that were there
+    /// before us, or to the first one that joins after us if there were none.
+    Others,
+}
+
+/// Steers `fd`'s group the moment `fd` has joined it at index `ours` (the last one), in the
+/// same breath as the bind or listen: a program attached before the bind would be dropped with
+/// the group of one the kernel makes for it, so until this call the group's old program (or
+/// plain hashing) decides, for a few microseconds. Steering is worth having, not worth failing
+/// for: without it we still serve, sharing flows.
+pub(super) fn steer_at_join(fd: BorrowedFd<'_>, ours: u32, flows: FlowsTo, addr: SocketAddr) {
+    let steered = match flows {
+        FlowsTo::Us => steer_to(fd, ours),
+        // Alone (`ours` 0), the program picks index 1: nobody until LocalDNS joins (the kernel
+        // then hashes, to us), and LocalDNS from the moment it does.
+        FlowsTo::Others => steer_away(fd, ours, (ours + 1).max(2)),
+    };
+    if let Err(e) = steered {
+        tracing::warn!(%addr, ?flows, error = %e, "cannot steer flows; sharing them with any other member");
     }
 }
 

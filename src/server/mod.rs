@@ -39,7 +39,14 @@ pub fn run<F: Future<Output = ()>>(
             return Ok(());
         }
     }
-    let prepared = startup.block_on(prepare::prepare(&config))?;
+    // The standby beside a LocalDNS that answers joins its ports' groups with the flows steered
+    // to LocalDNS's sockets from the instant of the bind, never to its own.
+    let flows = if config.standby && localdns_serves {
+        crate::listen::FlowsTo::Others
+    } else {
+        crate::listen::FlowsTo::Us
+    };
+    let prepared = startup.block_on(prepare::prepare(&config, flows))?;
     drop(startup);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

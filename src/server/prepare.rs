@@ -22,7 +22,8 @@ pub struct Prepared {
 /// inherit them from the thread that starts them, so the serving runtime is started only after
 /// the drop (its workers and blocking pool would otherwise keep every capability, and so would
 /// the tools they run).
-pub async fn prepare(config: &Config) -> Result<Prepared, String> {
+/// New flows go where `flows` says from the instant each socket is bound.
+pub async fn prepare(config: &Config, flows: listen::FlowsTo) -> Result<Prepared, String> {
     // On standby the addresses go on lo only when we take the flows (see `standby`): while
     // LocalDNS serves they are its link's alone.
     if config.link_setup && !config.standby {
@@ -37,8 +38,8 @@ pub async fn prepare(config: &Config) -> Result<Prepared, String> {
         None => None,
     };
     let (node, cluster) = tokio::try_join!(
-        listen::bind_listener(config.node_listen, config.bind_timeout),
-        listen::bind_listener(config.cluster_listen, config.bind_timeout),
+        listen::bind_listener(config.node_listen, config.bind_timeout, flows),
+        listen::bind_listener(config.cluster_listen, config.bind_timeout, flows),
     )?;
     let owned = crate::discover::follow::Owned {
         node: config.node_upstreams.is_empty(),

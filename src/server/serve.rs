@@ -50,7 +50,7 @@ pub async fn serve(
         running.stop().await;
         return Ok(());
     }
-    let (prober, own_probes) = standby::begin(&config, &prepared, localdns_serves)?;
+    let (prober, own_probes) = standby::begin(&config, localdns_serves)?;
     let running = Running::start(config, prepared, own_probes).await?;
     tokio::select! {
         () = shutdown => {}
@@ -212,8 +212,8 @@ impl Running {
     }
 
     /// Hands new flows to LocalDNS where it has joined our ports, stops the listeners, lets
-    /// what is in flight finish for up to `DRAIN`, then detaches the steering and takes the
-    /// listener addresses off `lo`.
+    /// what is in flight finish for up to `DRAIN`, then takes the listener addresses off `lo`
+    /// (and detaches the steering first if LocalDNS has not joined).
     async fn stop(self) {
         let Running {
             config,
@@ -259,10 +259,16 @@ impl Running {
         for thread in relay_threads {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
-        // The steering goes right before our last descriptors close, then the addresses on lo.
-        for h in held {
-            h.release();
+        // Handed over, the program stays on the groups: it never picks our index, so after our
+        // sockets close it picks LocalDNS's (or, out of range, the kernel hashes over them),
+        // where a detach right before the close would let hashing put flows on our closing
+        // sockets, to be lost with them. Not handed over, it goes right before they close.
+        if !handed {
+            for h in held {
+                h.release();
+            }
         }
+        // Then the addresses on lo.
         if config.link_setup {
             // Without CAP_NET_ADMIN (dropped when nothing needs it) this fails; the unit's
             // ExecStopPost removes them then, as it does after a kill.

@@ -4,10 +4,12 @@
 //! first asks LocalDNS's probe name on both listeners ([`localdns_serves`]): a LocalDNS that
 //! answers is left alone. Without `--standby` the start ends there, cleanly (READY=1, then exit
 //! 0: the unit is not `failed`). With `--standby` the daemon binds and serves as usual, but its
-//! steering points at LocalDNS's sockets while LocalDNS answers; [`stand_by`] keeps asking, takes
-//! the flows after two silent rounds (within 0.5 s of LocalDNS going silent) and hands them back
-//! after two answered ones. Its own questions reach LocalDNS's sockets even while we hold the
-//! flows (the steering program lets them through, and the relay drops any that reach us).
+//! steering points at LocalDNS's sockets while LocalDNS answers: from the instant of the bind
+//! (steered to us first and handed over after, each start and restart took a few queries), and
+//! at the stop (the program stays: see `serve`). [`stand_by`] keeps asking, takes the flows after
+//! two silent rounds (within 0.5 s of LocalDNS going silent) and hands them back after two
+//! answered ones. Its own questions reach LocalDNS's sockets even while we hold the flows (the
+//! steering program lets them through, and the relay drops any that reach us).
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -18,7 +20,6 @@ use std::time::{Duration, SystemTime};
 use nix::sys::socket::MsgFlags;
 use tokio::io::unix::AsyncFd;
 
-use super::prepare::Prepared;
 use crate::cli::Config;
 use crate::link;
 use crate::listen::Held;
@@ -75,22 +76,12 @@ pub fn start_cause() -> TakeoverCause {
 }
 
 /// The standby's prober, and what the relays need to drop its questions. Beside a LocalDNS that
-/// answers, the listeners bound a moment ago with the steering on us give LocalDNS its flows back
-/// before anything else starts (discovery's first look alone can take seconds).
-pub fn begin(
-    config: &Config,
-    prepared: &Prepared,
-    localdns_serves: bool,
-) -> Result<(Prober, Arc<OwnProbes>), String> {
+/// answers, the listeners were bound with the flows on LocalDNS's sockets (see `server::run`).
+pub fn begin(config: &Config, localdns_serves: bool) -> Result<(Prober, Arc<OwnProbes>), String> {
     let prober = Prober::new(&probed(config), rand::random())
         .map_err(|e| format!("cannot make the standby's probe sockets: {e}"))?;
     let own = Arc::new(OwnProbes::new(prober.ports(), &probed(config)));
     if localdns_serves {
-        for bound in [&prepared.node, &prepared.cluster] {
-            if let Ok(h) = bound.held() {
-                h.hand_over();
-            }
-        }
         tracing::info!("LocalDNS answers on both listeners; standing by");
     }
     Ok((prober, own))

@@ -185,3 +185,69 @@ fn hung_localdns(c: &mut Container) -> (f64, f64) {
     c.assert_no_unit_failed("after a hung LocalDNS");
     (dark, back)
 }
+
+/// The standby unit beside a LocalDNS that serves, through what happens to it on a node: its
+/// main process SIGKILLed (systemd restarts it 200 ms later; a boot is the same start) and
+/// `systemctl restart` (a package upgrade: a stop, then a start). The prober asks both listeners
+/// throughout: every answer must be LocalDNS's (told by its marker addresses), none lost.
+pub(crate) fn standby_restarts_beside_a_serving_localdns(suite: Suite) {
+    const KILLS: usize = 5;
+    const RESTARTS: usize = 2;
+    let boot = Boot {
+        wiring: Wiring::OnFailure,
+        standby: true,
+    };
+    let mut c = Container::boot(suite, boot);
+    let label = format!("{}, {}", suite.label(), boot.label());
+    let unit = "localdns-fallback-standby.service";
+    let standing_by = "LocalDNS answers on both listeners; standing by";
+    // At boot it may have started before the stand-in LocalDNS answered, and given the flows
+    // back since.
+    c.wait_until("the standby standing by", Duration::from_secs(20), |c| {
+        let journal = c.ok(&format!(
+            "journalctl --sync; journalctl --no-pager -q -o cat -u {unit}"
+        ));
+        let last_move = journal.lines().rev().find(|l| {
+            [standing_by, "new flows go to it", "serving its listeners"]
+                .iter()
+                .any(|m| l.contains(m))
+        });
+        last_move.is_some_and(|l| !l.contains("serving its listeners"))
+    });
+    let p = Prober::start(&c, "standby-restarts");
+    for round in 0..KILLS + RESTARTS {
+        let pid = c.show(unit, "MainPID");
+        let cursor = c.cursor();
+        if round < KILLS {
+            c.ok(&format!("kill -KILL {pid}"));
+        } else {
+            c.ok(&format!("systemctl restart {unit}"));
+        }
+        c.wait_until(
+            "a new standby process standing by",
+            Duration::from_secs(20),
+            |c| {
+                let now = c.show(unit, "MainPID");
+                now != pid && now != "0" && c.journal_since(&cursor).contains(standing_by)
+            },
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let samples = p.finish();
+    let by_fallback = samples.iter().filter(|s| s.who == Who::Fallback).count();
+    let failed = samples.iter().filter(|s| !s.ok()).count();
+    eprintln!(
+        "[{label}] {KILLS} SIGKILLs and {RESTARTS} restarts of the standby beside a serving LocalDNS: \
+         {by_fallback} of {} probes answered by the fallback, {failed} failed",
+        samples.len()
+    );
+    if by_fallback > 0 || failed > 0 {
+        c.fail(&format!(
+            "the standby took {by_fallback} probes from a serving LocalDNS, {failed} failed, of {}:\n{}",
+            samples.len(),
+            c.ok(&format!("journalctl --no-pager -q -o short-monotonic -u {unit}"))
+        ));
+    }
+    c.assert_no_unit_failed("after the standby's restarts");
+    c.assert_listener_addresses_on_lo(false, "LocalDNS serving, the standby standing by");
+}
