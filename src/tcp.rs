@@ -155,8 +155,8 @@ fn idle_timeout_at(idle: Duration, used: usize, cap: usize) -> Duration {
 
 /// The client connections each of the two listeners may hold under the descriptor limit: the soft
 /// limit is raised to the hard one first (a hand start often has 1,024 of a much higher hard
-/// limit); `others` descriptors are kept for everything else (upstream sockets, TCP exchanges
-/// with upstreams, the listeners, the runtime).
+/// limit); `others` descriptors are kept for everything else (upstream sockets, TCP connections
+/// to upstreams, the listeners, the runtime).
 pub fn connection_cap(configured: usize, others: usize) -> usize {
     let mut lim = nix::libc::rlimit {
         rlim_cur: 0,

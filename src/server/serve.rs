@@ -25,16 +25,12 @@ use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::stats::Counters;
 use crate::systemd::{Heartbeats, Notifier};
 use crate::tcp;
-use crate::tcp_pool::UpstreamSide;
+use crate::tcp_pool::{self, UpstreamSide};
 use crate::upstream::{UpstreamSet, UpstreamSets};
 
 /// How long the first look for upstreams may hold back serving. Queries meanwhile wait in the
 /// bound sockets' buffers; a slower look finishes in the background while we serve.
 const FIRST_LOOK: Duration = Duration::from_secs(3);
-/// Upstream TCP exchanges in flight in the whole process. Each holds a descriptor; with both
-/// listeners' client connections (2 x `--max-tcp-connections`, 512 by default) and the UDP
-/// sockets this stays well under systemd's default soft limit of 1,024 descriptors.
-const MAX_TCP_EXCHANGES: usize = 256;
 
 /// Serves until `shutdown`. With `--standby`, the flows go to LocalDNS while it answers (it did at
 /// start if `localdns_serves`), and to us while it does not.
@@ -145,7 +141,6 @@ impl Running {
             .map(|c| Arc::new(Mutex::new(c)));
         let upstream_tcp = Arc::new(UpstreamSide::new(
             tokio::runtime::Handle::current(),
-            MAX_TCP_EXCHANGES,
             config.upstream_timeout,
         ));
         let shared = Shared {
@@ -281,11 +276,11 @@ impl Running {
     }
 }
 
-/// Descriptors kept for everything but client TCP connections: the TCP exchanges with upstreams,
-/// each relay thread's UDP sockets for up to four upstreams per group, and a margin for the
-/// listeners, epoll, eventfds, the metrics socket, discovery's pipes and the runtime.
+/// Descriptors kept for everything but client TCP connections: the TCP connections to upstreams
+/// and each relay thread's UDP sockets, both for up to four upstreams per group, and a margin for
+/// the listeners, epoll, eventfds, the metrics socket, discovery's pipes and the runtime.
 fn other_descriptors(config: &Config) -> usize {
-    MAX_TCP_EXCHANGES + 2 * config.udp_threads * config.upstream_sockets * 2 * 4 + 64
+    tcp_pool::DESCRIPTORS + 2 * config.udp_threads * config.upstream_sockets * 2 * 4 + 64
 }
 
 /// The upstreams given by flags, before discovery has looked; a group given by flags is
