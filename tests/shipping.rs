@@ -1,6 +1,10 @@
 //! What a node-image build gets: the `.deb` that `cargo deb` makes, installed with the
 //! real `dpkg` into a scratch copy of a real Debian 12 root file system (systemd 252), and
-//! `units/install.sh --check` run on that tree, as an image pipeline would run it.
+//! `units/install.sh --check` run on that tree, as an image pipeline would run it. Two kinds of
+//! image: a LocalDNS unit with the node image's two lines (the package enables the standby unit)
+//! and one without (the package puts our drop-in on it). And the same `.deb` installed with
+//! `dpkg -i` inside running containers (systemd 252 and 257), as on a running node: it wires,
+//! reloads and starts nothing; a reboot starts the standby.
 //!
 //! The scratch root is an overlay: the root file system the systemd tests cache
 //! (`tests/systemd/build-rootfs.sh`) is the read-only lower layer, and every change (dpkg's, and
@@ -45,6 +49,20 @@ const INSTALLED: [(&str, u32); 6] = [
     ),
 ];
 const DROPIN: &str = "etc/systemd/system/localdns.service.d/50-localdns-fallback.conf";
+/// Where the package keeps install.sh and the drop-in, inactive (the postinst puts the drop-in at
+/// [`DROPIN`] where it is the wiring).
+const PACKAGED: [(&str, u32); 2] = [
+    ("usr/share/localdns-fallback/install.sh", 0o755),
+    (
+        "usr/share/localdns-fallback/localdns.service.d/50-localdns-fallback.conf",
+        0o644,
+    ),
+];
+/// The standby unit's enablement, as `systemctl enable` makes it.
+const STANDBY_LINK: &str =
+    "etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service";
+/// The cached root file system of Debian 13 (systemd 257), built by the systemd tests' script.
+const ROOTFS_TRIXIE: &str = "/var/cache/localdns-fallback-tests/rootfs-trixie";
 
 fn require() {
     require_root_and_tools(&[
@@ -103,34 +121,66 @@ fn package() -> PathBuf {
     deb
 }
 
-/// Builds the cached Debian 12 root file system once (under build-rootfs.sh's own lock) if missing.
-fn ensure_rootfs() {
+/// Builds a cached root file system once (under build-rootfs.sh's own lock) if missing: `suite`
+/// bookworm (systemd 252) or trixie (257) into `dir`.
+fn ensure_rootfs(suite: &str, dir: &str) {
     run_ok(
         Command::new(Path::new(MANIFEST_DIR).join("tests/systemd/build-rootfs.sh"))
-            .arg("bookworm")
-            .arg(ROOTFS),
+            .arg(suite)
+            .arg(dir),
     );
+}
+
+/// Which LocalDNS unit the image has.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Image {
+    /// The stand-in localdns.service alone: no wiring of a fallback.
+    Plain,
+    /// With the node image's two lines (tests/systemd/node-image-wiring.conf, as a drop-in of
+    /// LocalDNS's own): `OnFailure=localdns-fallback.service` and an `ExecStartPre=` that stops it.
+    NodeImageLines,
 }
 
 /// A writable scratch copy of a node image: Debian 12 with a stand-in `localdns.service` (the
 /// systemd tests' one, shaped like AKS's), as an image is before our package goes in.
 struct ScratchRoot {
     dir: TempDir,
+    lower: &'static str,
 }
 
 impl ScratchRoot {
     fn new() -> ScratchRoot {
-        ensure_rootfs();
+        ScratchRoot::of(ROOTFS, Image::Plain)
+    }
+
+    /// A scratch copy of the cached root file system `lower` (bookworm's or trixie's) with the
+    /// stand-in LocalDNS unit of `image`.
+    fn of(lower: &'static str, image: Image) -> ScratchRoot {
+        let suite = if lower == ROOTFS_TRIXIE {
+            "trixie"
+        } else {
+            "bookworm"
+        };
+        ensure_rootfs(suite, lower);
         let dir = TempDir::new("ship");
         for sub in ["upper", "work", "root"] {
             fs::create_dir(dir.path().join(sub)).expect("create overlay directories");
         }
-        let root = ScratchRoot { dir };
+        let root = ScratchRoot { dir, lower };
         let standins = Path::new(MANIFEST_DIR).join("tests/systemd");
         root.sh(
             "install -m 0644 \"$1/localdns.service\" \"$1/localdns.slice\" \"$ROOT/etc/systemd/system/\" \
-             && install -D -m 0755 \"$1/localdns.sh\" \"$ROOT/opt/azure/containers/localdns/localdns.sh\"",
-            &[standins.to_str().expect("utf-8 path")],
+             && install -D -m 0755 \"$1/localdns.sh\" \"$ROOT/opt/azure/containers/localdns/localdns.sh\" \
+             && if [ \"$2\" = lines ]; then install -D -m 0644 \"$1/node-image-wiring.conf\" \
+                \"$ROOT/etc/systemd/system/localdns.service.d/10-node-image.conf\"; fi",
+            &[
+                standins.to_str().expect("utf-8 path"),
+                if image == Image::NodeImageLines {
+                    "lines"
+                } else {
+                    "plain"
+                },
+            ],
         )
         .assert_ok();
         root
@@ -146,7 +196,8 @@ impl ScratchRoot {
     fn sh(&self, script: &str, args: &[&str]) -> Ran {
         let d = self.dir.path();
         let options = format!(
-            "lowerdir={ROOTFS},upperdir={},workdir={}",
+            "lowerdir={},upperdir={},workdir={}",
+            self.lower,
             d.join("upper").display(),
             d.join("work").display()
         );
@@ -253,63 +304,156 @@ fn head_commit() -> String {
         .to_owned()
 }
 
-#[test]
-fn the_package_installs_into_a_node_image_and_passes_the_check() {
-    require();
-    let deb = package();
-
-    // Nothing runs at install: the package has no maintainer scripts at all.
-    let info = run_ok(Command::new("dpkg-deb").arg("--info").arg(&deb));
-    for script in ["preinst", "postinst", "prerm", "postrm", "config"] {
+/// The maintainer scripts start, stop or restart nothing but the standby at removal: no
+/// `systemctl start`/`restart`/`enable --now`, no `deb-systemd-invoke`; what they run is the
+/// shipped install.sh with `--no-start` (postinst) and `--uninstall` (prerm).
+fn assert_maintainer_scripts_start_nothing(deb: &Path) {
+    let info = run_ok(Command::new("dpkg-deb").arg("--info").arg(deb));
+    for script in ["preinst", "config"] {
         assert!(
             !info.contains(script),
             "the package has a {script}:\n{info}"
         );
     }
+    let control = TempDir::new("ship-control");
+    run_ok(
+        Command::new("dpkg-deb")
+            .arg("--control")
+            .arg(deb)
+            .arg(control.path()),
+    );
+    for script in ["postinst", "prerm", "postrm"] {
+        let text = fs::read_to_string(control.path().join(script))
+            .unwrap_or_else(|e| panic!("the package has no {script}: {e}"));
+        let code: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect();
+        for forbidden in [
+            "systemctl start",
+            "systemctl restart",
+            "try-restart",
+            "reload-or-restart",
+            "--now",
+            "deb-systemd-invoke",
+            "invoke-rc.d",
+        ] {
+            assert!(
+                !code.iter().any(|l| l.contains(forbidden)),
+                "{script} runs `{forbidden}`:\n{text}"
+            );
+        }
+    }
+    let postinst = fs::read_to_string(control.path().join("postinst")).expect("read postinst");
+    assert!(
+        postinst.contains("/usr/share/localdns-fallback/install.sh --no-start"),
+        "{postinst}"
+    );
+}
 
-    let root = ScratchRoot::new();
-    root.dpkg_install(&deb);
-    let listed = root
-        .sh("dpkg --root=\"$ROOT\" --listfiles localdns-fallback", &[])
-        .assert_ok()
-        .text();
-    for (path, mode) in INSTALLED {
-        assert!(
-            listed.lines().any(|l| l == format!("/{path}")),
-            "dpkg does not list /{path}:\n{listed}"
-        );
-        let stat = root
-            .sh("stat -c %a \"$ROOT/$1\"", &[path])
+#[test]
+fn the_package_wires_each_kind_of_node_image_as_it_is_and_passes_the_check() {
+    require();
+    let deb = package();
+    assert_maintainer_scripts_start_nothing(&deb);
+
+    for image in [Image::Plain, Image::NodeImageLines] {
+        let root = ScratchRoot::of(ROOTFS, image);
+        let installed = root.dpkg(&deb);
+        installed.assert_ok();
+        let listed = root
+            .sh("dpkg --root=\"$ROOT\" --listfiles localdns-fallback", &[])
             .assert_ok()
             .text();
-        assert_eq!(stat.trim(), format!("{mode:o}"), "mode of /{path}");
-    }
+        // dpkg's own files: all but the drop-in at its active place, which is the postinst's.
+        let owned = INSTALLED.iter().filter(|(p, _)| *p != DROPIN);
+        for &(path, mode) in owned.chain(PACKAGED.iter()) {
+            assert!(
+                listed.lines().any(|l| l == format!("/{path}")),
+                "dpkg does not list /{path}:\n{listed}"
+            );
+            let stat = root
+                .sh("stat -c %a \"$ROOT/$1\"", &[path])
+                .assert_ok()
+                .text();
+            assert_eq!(stat.trim(), format!("{mode:o}"), "mode of /{path}");
+        }
+        assert!(
+            !listed.lines().any(|l| l == format!("/{DROPIN}")),
+            "dpkg owns the active drop-in:\n{listed}"
+        );
 
-    let checked = root.check();
-    checked.assert_ok();
-    assert!(checked.text().contains("check OK"), "{}", checked.text());
-
-    // The packaged binary runs on the image's own C library and names this commit.
-    let version = root
-        .sh("chroot \"$ROOT\" /$1 --version", &[INSTALLED[0].0])
-        .assert_ok()
-        .text();
-    assert!(
-        version.contains(&format!("(commit {}", head_commit())),
-        "{version}"
-    );
-
-    // Purging takes every file back out (the units are conffiles, so --remove alone keeps them).
-    root.sh("dpkg --root=\"$ROOT\" --purge localdns-fallback", &[])
+        // The node as it is: the standby enabled beside the node image's lines, not our drop-in;
+        // our drop-in elsewhere, the standby not enabled. The plain --check agrees either way.
+        let lines = image == Image::NodeImageLines;
+        // -L too: the standby's link points at /etc/... of the image, not of this machine.
+        let has = |path: &str| {
+            root.sh("test -e \"$ROOT/$1\" -o -L \"$ROOT/$1\"", &[path])
+                .out
+                .status
+                .success()
+        };
+        assert_eq!(has(DROPIN), !lines, "{image:?}: the drop-in at /{DROPIN}");
+        assert_eq!(
+            has(STANDBY_LINK),
+            lines,
+            "{image:?}: the standby's enablement /{STANDBY_LINK}"
+        );
+        if lines {
+            root.sh(
+                "test \"$(readlink \"$ROOT/$1\")\" = /etc/systemd/system/localdns-fallback-standby.service",
+                &[STANDBY_LINK],
+            )
+            .assert_ok();
+        }
+        let checked = root.check();
+        checked.assert_ok();
+        let wiring = if lines {
+            "on-failure wiring in LocalDNS's unit, standby enabled"
+        } else {
+            "drop-in wired"
+        };
+        assert!(
+            checked.text().contains("check OK") && checked.text().contains(wiring),
+            "{image:?}: {}",
+            checked.text()
+        );
+        // The shipped install.sh says the same from inside the image.
+        root.sh(
+            "chroot \"$ROOT\" /usr/share/localdns-fallback/install.sh --check",
+            &[],
+        )
         .assert_ok();
-    for (path, _) in INSTALLED {
-        root.sh("! test -e \"$ROOT/$1\"", &[path]).assert_ok();
+        eprintln!(
+            "{image:?}: {}",
+            checked.text().lines().last().unwrap_or_default()
+        );
+
+        // The packaged binary runs on the image's own C library and names this commit.
+        let version = root
+            .sh("chroot \"$ROOT\" /$1 --version", &[INSTALLED[0].0])
+            .assert_ok()
+            .text();
+        assert!(
+            version.contains(&format!("(commit {}", head_commit())),
+            "{version}"
+        );
+
+        // Purging takes every file back out, the postinst's too (the units are conffiles, so
+        // --remove alone keeps them).
+        root.sh("dpkg --root=\"$ROOT\" --purge localdns-fallback", &[])
+            .assert_ok();
+        for (path, _) in INSTALLED.iter().chain(PACKAGED.iter()) {
+            root.sh("! test -e \"$ROOT/$1\"", &[path]).assert_ok();
+        }
+        root.sh("! test -L \"$ROOT/$1\"", &[STANDBY_LINK])
+            .assert_ok();
+        root.check().assert_fails_naming(&format!(
+            "missing: {}/{}",
+            root.path().display(),
+            INSTALLED[0].0
+        ));
     }
-    root.check().assert_fails_naming(&format!(
-        "missing: {}/{}",
-        root.path().display(),
-        INSTALLED[0].0
-    ));
 }
 
 #[test]
@@ -384,8 +528,9 @@ fn the_check_requires_every_directive_of_the_drop_in() {
 }
 
 /// The drop-in replaces LocalDNS's ExecStopPost= list (the fallback's start first, then LocalDNS's
-/// own cleanup, restated): on a node whose LocalDNS has any other ExecStopPost=, install.sh must
-/// refuse to install and --check must fail, naming it, rather than drop or change LocalDNS's own.
+/// own cleanup, restated): on a node whose LocalDNS has any other ExecStopPost=, install.sh (and
+/// so the package's postinst) must refuse to install and --check must fail, naming it, rather than
+/// drop or change LocalDNS's own.
 #[test]
 fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_restate() {
     require();
@@ -410,10 +555,14 @@ fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_rest
         root.install()
             .assert_fails_naming("LocalDNS's own ExecStopPost=");
         root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
-        root.dpkg_install(&deb);
+        // The package's postinst runs the same install.sh: dpkg reports the refusal and leaves
+        // the package unconfigured, the drop-in inactive.
+        root.dpkg(&deb)
+            .assert_fails_naming("LocalDNS's own ExecStopPost=");
+        root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
         root.check()
             .assert_fails_naming("LocalDNS's own ExecStopPost=");
-        eprintln!("{what}: install refused, check failed");
+        eprintln!("{what}: install and the package refused, check failed");
     }
     // A drop-in of LocalDNS's own that restates the same list changes nothing.
     let root = ScratchRoot::new();
@@ -573,30 +722,53 @@ fn the_package_and_install_sh_install_the_same_files() {
             .arg("--root")
             .arg(from_script.path()),
     );
-    // The package's own documentation (copyright) is Debian's business, not install.sh's.
+    // The package's own documentation (copyright) is Debian's business, not install.sh's; its
+    // /usr/share/localdns-fallback is what the postinst installs from.
     let deb_files: Vec<(String, u32)> = files_with_modes(from_deb.path())
         .into_iter()
-        .filter(|(p, _)| !p.starts_with("usr/share/doc/"))
+        .filter(|(p, _)| !p.starts_with("usr/share/"))
         .collect();
-    let script_files = files_with_modes(from_script.path());
+    // install.sh into a tree with no LocalDNS unit wires our drop-in: the package holds it
+    // inactive, for the postinst to put in place.
+    let script_files: Vec<(String, u32)> = files_with_modes(from_script.path())
+        .into_iter()
+        .filter(|(p, _)| p != DROPIN)
+        .collect();
     assert_eq!(
         deb_files, script_files,
         "the .deb and units/install.sh differ"
     );
     let expected: Vec<(String, u32)> = {
-        let mut v: Vec<_> = INSTALLED.iter().map(|(p, m)| (p.to_string(), *m)).collect();
+        let mut v: Vec<_> = INSTALLED
+            .iter()
+            .filter(|(p, _)| *p != DROPIN)
+            .map(|(p, m)| (p.to_string(), *m))
+            .collect();
         v.sort();
         v
     };
     assert_eq!(deb_files, expected);
-    // The units are the repository's, byte for byte.
+    let shipped: Vec<(String, u32)> = files_with_modes(from_deb.path())
+        .into_iter()
+        .filter(|(p, _)| p.starts_with("usr/share/localdns-fallback/"))
+        .collect();
+    let mut packaged: Vec<(String, u32)> =
+        PACKAGED.iter().map(|(p, m)| (p.to_string(), *m)).collect();
+    packaged.sort();
+    assert_eq!(shipped, packaged);
+    // The units are the repository's, byte for byte; so are the inactive drop-in and install.sh.
     for (path, _) in &INSTALLED[1..] {
+        let packaged = if *path == DROPIN { PACKAGED[1].0 } else { path };
         assert_eq!(
-            fs::read(from_deb.path().join(path)).expect("read the packaged unit"),
+            fs::read(from_deb.path().join(packaged)).expect("read the packaged unit"),
             fs::read(from_script.path().join(path)).expect("read the installed unit"),
             "{path}"
         );
     }
+    assert_eq!(
+        fs::read(from_deb.path().join(PACKAGED[0].0)).expect("read the packaged install.sh"),
+        fs::read(Path::new(MANIFEST_DIR).join("units/install.sh")).expect("read install.sh"),
+    );
     // And the check sees a tree with no OS in it for what it is: no systemd to verify with.
     let out = run(
         Command::new(Path::new(MANIFEST_DIR).join("units/install.sh"))
@@ -652,4 +824,339 @@ fn version_names_the_commit_of_head() {
         out.trim() == clean || out.trim() == dirty,
         "--version says {out:?}, HEAD is {head}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// On a running node: the package installed with `dpkg -i` inside a booted container
+// ---------------------------------------------------------------------------------------------
+
+/// A scratch image booted with `systemd-nspawn --boot` (systemd as PID 1, a network namespace of
+/// its own with only `lo`), the package bound in at /opt/ship/localdns-fallback.deb. The overlay
+/// is mounted in a mount namespace of nspawn's own, inside a PID namespace whose end (nspawn's
+/// death, or this test's: `unshare --kill-child` and a parent-death signal) kills the whole
+/// container; `Drop` also kills its cgroup and removes it. Changes persist in the scratch root's
+/// upper layer, so the same image boots again after a power-off.
+struct Booted {
+    nspawn: std::process::Child,
+    leader: u32,
+    cgroup: PathBuf,
+    cgroup_v1: PathBuf,
+    what: String,
+}
+
+/// This process's cgroup in the cgroup2 hierarchy (`/sys/fs/cgroup` on a unified host,
+/// `/sys/fs/cgroup/unified` on a hybrid one); containers get sub-cgroups of it.
+fn cgroup2_root() -> PathBuf {
+    let mount = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(Path::new)
+        .find(|m| m.join("cgroup.procs").exists() && m.join("cgroup.max.depth").exists())
+        .expect("no cgroup2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified");
+    let own = fs::read_to_string("/proc/self/cgroup").expect("read /proc/self/cgroup");
+    let rel = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("no cgroup2 line in /proc/self/cgroup");
+    mount.join(rel.trim_start_matches('/'))
+}
+
+/// The host PID of a container's PID 1 below `pid`: the descendant that is PID 1 in a PID
+/// namespace nested two deep (nspawn itself is PID 1 of the first).
+fn container_leader(pid: u32) -> Option<u32> {
+    let children = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    for child in children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+    {
+        let status = fs::read_to_string(format!("/proc/{child}/status")).unwrap_or_default();
+        let nspid: Vec<&str> = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        if nspid.len() > 2 && nspid.last() == Some(&"1") {
+            return Some(child);
+        }
+        if let Some(found) = container_leader(child) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+impl Booted {
+    fn boot(root: &ScratchRoot, deb: &Path, what: &str) -> Booted {
+        use std::os::unix::process::CommandExt;
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "lf-ship-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let cgroup = cgroup2_root().join(&name);
+        fs::create_dir(&cgroup)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", cgroup.display()));
+        let rel = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .find_map(|m| cgroup.strip_prefix(m).ok())
+            .expect("a cgroup under /sys/fs/cgroup")
+            .to_owned();
+        let cgroup_v1 = Path::new("/sys/fs/cgroup/systemd").join(rel);
+        let d = root.dir.path();
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            root.lower,
+            d.join("upper").display(),
+            d.join("work").display()
+        );
+        let script = "mount -t overlay overlay -o \"$OPTIONS\" \"$ROOT\" || exit 99\n\
+            exec systemd-nspawn --quiet --boot --register=no --keep-unit --private-network \
+            --console=read-only --machine=\"$NAME\" --directory=\"$ROOT\" \
+            --system-call-filter='landlock_create_ruleset landlock_add_rule landlock_restrict_self' \
+            --bind-ro=\"$DEB\":/opt/ship/localdns-fallback.deb";
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .env("ROOT", root.path())
+        .env("OPTIONS", options)
+        .env("NAME", &name)
+        .env("DEB", deb)
+        // A pure cgroup2 tree inside, as on AKS nodes (systemd 257 wants it).
+        .env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
+        .env("SYSTEMD_NSPAWN_LOCK", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        // Into the container's cgroup between fork and exec (the file is opened before the fork;
+        // writing "0" moves the writer), and killed if this test dies.
+        let procs = fs::OpenOptions::new()
+            .write(true)
+            .open(cgroup.join("cgroup.procs"))
+            .expect("open cgroup.procs");
+        let procs_fd = std::os::fd::AsRawFd::as_raw_fd(&procs);
+        // SAFETY: only async-signal-safe calls (write, prctl) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if nix::libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let nspawn = cmd.spawn().expect("cannot start unshare/systemd-nspawn");
+        drop(procs);
+        let mut c = Booted {
+            leader: 0,
+            nspawn,
+            cgroup,
+            cgroup_v1,
+            what: what.to_owned(),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+        loop {
+            if let Some(status) = c.nspawn.try_wait().expect("wait for nspawn") {
+                panic!("{}: systemd-nspawn exited at boot ({status})", c.what);
+            }
+            if c.leader == 0 {
+                c.leader = container_leader(c.nspawn.id()).unwrap_or(0);
+            } else {
+                let state = c.exec("systemctl is-system-running --wait");
+                match String::from_utf8_lossy(&state.stdout).trim() {
+                    "running" => break,
+                    "degraded" => panic!(
+                        "{}: booted degraded:\n{}",
+                        c.what,
+                        c.text("systemctl --failed --no-pager")
+                    ),
+                    _ => {}
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: did not boot within 90 s",
+                c.what
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        c
+    }
+
+    /// Runs a shell command inside the container (bounded: `timeout 60` inside).
+    fn exec(&self, script: &str) -> Output {
+        run(Command::new("nsenter")
+            .arg(format!("--target={}", self.leader))
+            .args(["--all", "--", "timeout", "60", "/bin/sh", "-c", script])
+            .env_clear()
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .env("SYSTEMD_COLORS", "0")
+            .env("SYSTEMD_PAGER", ""))
+    }
+
+    /// stdout and stderr of a command inside, whatever its status.
+    fn text(&self, script: &str) -> String {
+        let out = self.exec(script);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// A command inside that must succeed; its stdout.
+    fn ok(&self, script: &str) -> String {
+        let out = self.exec(script);
+        assert!(
+            out.status.success(),
+            "{}: `{script}` failed ({}):\n{}{}\njournal:\n{}",
+            self.what,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.text("journalctl --no-pager -q -n 40")
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `systemctl is-active` of a unit (`active`, `inactive`, ...).
+    fn state(&self, unit: &str) -> String {
+        self.text(&format!("systemctl is-active {unit}"))
+            .trim()
+            .to_owned()
+    }
+
+    /// Powers the container off and waits for nspawn to end (the overlay goes with it).
+    fn power_off(mut self) {
+        let _ = self.exec("systemctl poweroff");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.nspawn.try_wait().expect("wait for nspawn").is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: did not power off within 60 s",
+                self.what
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Booted {
+    fn drop(&mut self) {
+        let _ = fs::write(self.cgroup.join("cgroup.kill"), "1");
+        common::kill_and_reap(&mut self.nspawn);
+        for _ in 0..500 {
+            let populated = fs::read_to_string(self.cgroup.join("cgroup.events"))
+                .map(|e| e.contains("populated 1"))
+                .unwrap_or(false);
+            if !populated {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for dir in [&self.cgroup, &self.cgroup_v1] {
+            let _ = run(Command::new("find")
+                .arg(dir)
+                .args(["-depth", "-type", "d", "-exec", "rmdir", "{}", "+"]));
+        }
+    }
+}
+
+/// `dpkg -i` on a running node (systemd `version`, the cached root file system `lower`), on both
+/// kinds of image: nothing starts, systemd has reloaded (no unit needs a reload), the wiring is
+/// the node's as it is, `install.sh --check` is clean; and where the standby was enabled, the next
+/// boot starts it.
+fn the_package_on_a_running_node(lower: &'static str, version: u32) {
+    require();
+    require_root_and_tools(&["systemd-nspawn", "nsenter", "find"]);
+    let deb = package();
+    for image in [Image::Plain, Image::NodeImageLines] {
+        let what = format!("systemd {version}, {image:?}");
+        let root = ScratchRoot::of(lower, image);
+        let c = Booted::boot(&root, &deb, &what);
+        let installed = c.ok("dpkg -i /opt/ship/localdns-fallback.deb </dev/null 2>&1");
+        let lines = image == Image::NodeImageLines;
+
+        // Nothing started: no unit of ours, no process of our binary.
+        for unit in [
+            "localdns-fallback.service",
+            "localdns-fallback-standby.service",
+            "localdns-fallback.path",
+        ] {
+            assert_eq!(
+                c.state(unit),
+                "inactive",
+                "{what}: {unit} after dpkg -i:\n{installed}"
+            );
+        }
+        let procs = c.text("pgrep -l localdns-fallb || true");
+        assert!(
+            procs.trim().is_empty(),
+            "{what}: our binary runs after dpkg -i: {procs}"
+        );
+        // Reloaded by the postinst: systemd already sees the wiring.
+        assert_eq!(
+            c.ok("systemctl show -p NeedDaemonReload --value localdns.service")
+                .trim(),
+            "no",
+            "{what}"
+        );
+        let dropins = c.ok("systemctl show -p DropInPaths --value localdns.service");
+        assert_eq!(
+            dropins.contains("50-localdns-fallback.conf"),
+            !lines,
+            "{what}: localdns.service's drop-ins: {dropins}"
+        );
+        let enabled = c.text("systemctl is-enabled localdns-fallback-standby.service");
+        assert_eq!(
+            enabled.trim(),
+            if lines { "enabled" } else { "disabled" },
+            "{what}: the standby unit"
+        );
+        let checked = c.ok("/usr/share/localdns-fallback/install.sh --check");
+        eprintln!("{what}, dpkg -i on a running node: {}", checked.trim());
+
+        if lines {
+            // The next boot starts the standby, and the check stays clean.
+            c.power_off();
+            let c = Booted::boot(&root, &deb, &format!("{what}, rebooted"));
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while c.state("localdns-fallback-standby.service") != "active" {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{what}: the standby is not active after a reboot:\n{}",
+                    c.text(
+                        "systemctl status --no-pager localdns-fallback-standby.service; journalctl --no-pager -q -n 40"
+                    )
+                );
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let checked = c.ok("/usr/share/localdns-fallback/install.sh --check");
+            eprintln!("{what}, after a reboot: standby active; {}", checked.trim());
+        }
+    }
+}
+
+#[test]
+fn on_a_running_node_under_systemd_252_dpkg_starts_nothing_and_the_next_boot_starts_the_standby() {
+    the_package_on_a_running_node(ROOTFS, 252);
+}
+
+#[test]
+fn on_a_running_node_under_systemd_257_dpkg_starts_nothing_and_the_next_boot_starts_the_standby() {
+    the_package_on_a_running_node(ROOTFS_TRIXIE, 257);
 }
