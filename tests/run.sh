@@ -20,8 +20,9 @@ packages=(bind9-dnsutils knot-dnsutils knot musl-tools busybox golang-go dnsmasq
 # cargo-web (bookworm-security; they install /usr/bin/rustc and /usr/bin/cargo, which rustup's
 # proxies in ~/.cargo/bin shadow on PATH, so the toolchain everything else uses is unchanged), the
 # arm64 standard library (multiarch, with libc6:arm64, which also gives qemu the arm64 loader),
-# the cross linker, binutils' readelf for the glibc floor, and qemu-user to run the result.
-packages+=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu binutils qemu-user)
+# the cross linker and its C library (only a Recommends of the linker), binutils' readelf for the
+# glibc floor, and qemu-user to run the result (about 260 MB to fetch, 1 min to unpack).
+packages+=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils qemu-user)
 # (Adding the architecture is idempotent; the apt-get update below then fetches its lists.)
 dpkg --add-architecture arm64
 missing=()

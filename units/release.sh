@@ -15,7 +15,8 @@
 # GLIBC_2.34; a newer distribution's rustc or glibc can raise it (trixie's std needs 2.39 for its
 # pidfd calls), which the check catches. The packages it needs (tests/run.sh installs them):
 #   dpkg --add-architecture arm64 && apt-get update
-#   apt-get install rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu binutils
+#   apt-get install rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu \
+#       libc6-dev-arm64-cross binutils
 # and cargo-deb (cargo install cargo-deb --locked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
