@@ -229,8 +229,17 @@ fn failure_paths(suite: Suite) {
         ));
     }
     c.assert_listener_addresses_on_lo(true, "graceful path, fallback serving");
+    // Measured, not held to 0: had the storm's last failed attempt run beside the fallback and
+    // exited before READY=1 (what a LocalDNS that cannot join the fallback's sockets looks like),
+    // the handoff script would stop the fallback first and pods wait out LocalDNS's start-up.
+    let p = Prober::start(&c, "graceful-recovery");
     c.recover_localdns();
     wait_settled_on_localdns(&mut c);
+    eprintln!(
+        "[{}] recovery after failed starts that exited: dark {}",
+        suite.label(),
+        brief(dark_time(&p.finish()))
+    );
     c.assert_fallback_stopped_cleanly("recovery after the graceful path");
     c.assert_listener_addresses_on_lo(false, "after the handoff back");
     if !c.link().complete() {
@@ -252,8 +261,14 @@ fn failure_paths(suite: Suite) {
             "crash path: expected the link left as it was (before {before:?}, now {after:?})"
         ));
     }
+    let p = Prober::start(&c, "crash-recovery");
     c.recover_localdns();
     wait_settled_on_localdns(&mut c);
+    eprintln!(
+        "[{}] recovery after failed starts that were killed: dark {}",
+        suite.label(),
+        brief(dark_time(&p.finish()))
+    );
     c.assert_fallback_stopped_cleanly("recovery after the crash path");
     eprintln!(
         "[{}] crash path: surviving link left alone, served, handed back",
