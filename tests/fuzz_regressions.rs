@@ -67,7 +67,7 @@ fn a_duplicated_upstream_that_times_out_is_tried_after_the_others() {
     let (dead, alive) = (addr("10.244.0.5:53"), addr("10.244.1.7:53"));
     let now = std::time::Instant::now();
     let group = UpstreamSet::new(vec![dead, alive, dead], now);
-    group.note_failure(dead, true);
+    group.note_failure(dead, true, now, now);
     // The dead one gets one probe per half second; every other query goes to the live one.
     let mut to_dead = 0;
     for start in 0..30 {

@@ -103,6 +103,11 @@ impl Key {
         })
     }
 
+    /// Is this the key of a question for `name` (wire form, any case)?
+    pub fn is_for(&self, name: &[u8]) -> bool {
+        self.name.eq_ignore_ascii_case(name)
+    }
+
     /// What an entry keeps of the key besides the name.
     fn head(&self) -> (UpstreamGroup, u16, u16, u8) {
         (self.group, self.qtype, self.qclass, self.flags)

@@ -1,15 +1,24 @@
-//! The upstream servers of each group and their passive health: which server a query tries next.
+//! The upstream servers of each group and their passive health: which server a query tries next,
+//! and whether the group is down.
 //!
-//! Health is learned only from traffic and is forgiving. Each server keeps a smoothed round-trip
-//! time and the number of tries it has outstanding. A query goes to the least busy of the servers
-//! whose RTT is within a band of the fastest, so equal servers share evenly and a much slower one
-//! gets little. A server that failed a try (unreachable, answered an error, or timed out twice in
-//! a row) becomes *suspect* and is tried after the others. A single timeout among answers is
-//! forgiven: each loss adds to a score that every answer wears down, and only a second loss before
-//! the first is worn off makes the server suspect, so one lost packet costs a healthy server none
-//! of its share. Suspect and slow servers still get a probe query every
-//! `PROBE_EVERY`, so one that answers (or speeds up) again is back in rotation within a second. No
-//! server is ever excluded, and when every server is suspect they are all still tried.
+//! Health is learned only from evidence, and a reply of any RCODE is life. Each server keeps a
+//! smoothed round-trip time and the number of tries it has outstanding (a try past its hedge
+//! point is likely lost and no longer counts). A query goes to the least busy of the servers whose
+//! RTT is within a band of the fastest, so equal servers share evenly and a much slower one gets
+//! little. An error reply (SERVFAIL, REFUSED) is that server's answer for one name: the query asks
+//! another server, and the server's standing does not change. A server becomes *suspect*, and is
+//! tried after the others, when the network refuses a try or its tries go unanswered: a single
+//! timeout among answers is forgiven (each loss adds to a score that every answer wears down, and
+//! only a second loss before the first is worn off makes the server suspect). Suspect and slow
+//! servers still get a probe query every `PROBE_EVERY`, so one that answers (or speeds up) again
+//! is back in rotation within a second. No server is ever excluded.
+//!
+//! A group is *down* only when each of its servers is silent on the evidence: since its last
+//! reply of any kind, tries for two different names went unanswered for their whole time, the
+//! latest judged within `SILENCE_COUNTS`. Silence counts only for tries sent, so a quiet listener
+//! never makes a healthy upstream look dead; and it takes two names, so one name that the
+//! upstream is slow to resolve (its own recursion takes over a second) does not fail the others
+//! (that name's own repeats are the resolution-failure cache's business).
 //!
 //! Nothing here logs or reads the clock after creation: callers pass `now` and learn of changes
 //! from the return values.
@@ -26,6 +35,10 @@ use crate::stats::{Counters, UpstreamStats};
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Servers whose RTT is at most twice the fastest's plus this count as equally fast.
 const BAND_SLACK_US: u32 = 2_000;
+/// How long an unanswered try counts as evidence that its server is silent. A try is judged
+/// unanswered at its timeout (a second after it went out), so during an outage that still has
+/// traffic, each probe's timeout renews the evidence before the last one's runs out.
+pub const SILENCE_COUNTS: Duration = Duration::from_secs(1);
 /// RTT samples a server needs before it can be judged slow: the first reply sets the smoothed
 /// RTT alone, and one reply held up by a busy moment must not cost a server its share.
 const SAMPLES_TO_JUDGE: u32 = 4;
@@ -45,6 +58,16 @@ struct Health {
     losses: AtomicU32,
     /// RTT samples taken, up to `SAMPLES_TO_JUDGE`.
     samples: AtomicU32,
+    /// When it last sent a reply of any kind, late ones included.
+    replied_ms: AtomicU64,
+    /// The latest send time of a try it left unanswered, and when that was judged.
+    unanswered_sent_ms: AtomicU64,
+    unanswered_at_ms: AtomicU64,
+    /// The current run of unanswered tries (sent after its last reply): the first one's send
+    /// time and name, and whether another name went unanswered in it too.
+    run_sent_ms: AtomicU64,
+    run_name: AtomicU64,
+    run_names: AtomicBool,
 }
 
 /// What one timeout adds to a server's loss score; a score of `SUSPECT_AT` or more makes it
@@ -73,10 +96,9 @@ pub struct UpstreamSet {
     failures: AtomicU64,
     /// Per server counters for /metrics; they outlive this set (see [`Counters::upstream`]).
     stats: Vec<Arc<UpstreamStats>>,
-    /// The origin of `probed_ms` and `heard_ms`, given by whoever makes the set.
+    /// The origin of every `_ms` field (ms since it plus one; 0 means never), given by whoever
+    /// makes the set.
     epoch: Instant,
-    /// When any server last sent a reply, in ms since `epoch` plus one; 0 means never.
-    heard_ms: AtomicU64,
 }
 
 impl UpstreamSet {
@@ -120,7 +142,6 @@ impl UpstreamSet {
             failures: AtomicU64::new(0),
             stats: unique_stats,
             epoch,
-            heard_ms: AtomicU64::new(0),
         }
     }
 
@@ -188,7 +209,7 @@ impl UpstreamSet {
                 || s <= best.saturating_mul(2).saturating_add(BAND_SLACK_US)
         };
         if tried.is_empty() {
-            let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+            let now_ms = self.ms(now);
             let due = order()
                 .filter(fresh)
                 .find(|i| (self.suspect(*i) || !in_band(i)) && self.claim_probe(*i, now_ms));
@@ -269,6 +290,10 @@ impl UpstreamSet {
         self.addrs.iter().position(|a| *a == addr)
     }
 
+    fn ms(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_millis() as u64 + 1
+    }
+
     /// A try is on its way to `addr`.
     pub fn note_sent(&self, addr: SocketAddr) {
         if let Some(i) = self.index(addr) {
@@ -277,22 +302,38 @@ impl UpstreamSet {
         }
     }
 
-    fn end_try(&self, i: usize) {
-        let _ = self.health[i]
-            .outstanding
-            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+    /// A try at `addr` no longer counts as outstanding: it is late (likely lost, and a lost
+    /// packet must not keep queries off a healthy server for a whole timeout), or it failed for
+    /// want of our own resources. Its reply, if one comes, is still evidence.
+    pub fn end_try(&self, addr: SocketAddr) {
+        if let Some(i) = self.index(addr) {
+            let _ = self.health[i]
+                .outstanding
+                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        }
     }
 
-    /// A well-formed reply came `took` after its try was sent: the server is alive. `ends_try`
-    /// unless the try was already counted as ended (a late reply after its timeout). True when
-    /// this cleared a suspect server.
-    pub fn note_reply(&self, addr: SocketAddr, took: Duration, ends_try: bool) -> bool {
+    /// A reply of any kind from `addr` at `now`: the server is alive. `ends_try` when its try
+    /// still counted as outstanding.
+    fn note_alive(&self, i: usize, ends_try: bool, now: Instant) {
+        if ends_try {
+            self.end_try(self.addrs[i]);
+        }
+        self.health[i].replied_ms.fetch_max(self.ms(now), Relaxed);
+    }
+
+    /// An answer came `took` after its try was sent. True when this cleared a suspect server.
+    pub fn note_reply(
+        &self,
+        addr: SocketAddr,
+        took: Duration,
+        ends_try: bool,
+        now: Instant,
+    ) -> bool {
         let Some(i) = self.index(addr) else {
             return false;
         };
-        if ends_try {
-            self.end_try(i);
-        }
+        self.note_alive(i, ends_try, now);
         self.stats[i].latency.observe(took);
         let h = &self.health[i];
         let _ = h
@@ -315,68 +356,106 @@ impl UpstreamSet {
         h.suspect.swap(false, Relaxed)
     }
 
-    /// A try at `addr` ended without an answer. With `blame` (a timeout, the network refusing,
-    /// an error reply) the server becomes suspect: true when that is a change. Without (our own
-    /// resources ran out), only the try is counted as ended.
-    pub fn note_failure(&self, addr: SocketAddr, blame: bool) -> bool {
-        self.note_failure_of(addr, blame, true)
+    /// An error reply (SERVFAIL, REFUSED, FORMERR...): the server's answer for one name. It
+    /// proves the server alive and changes nothing else: the next name may resolve fine. (Its
+    /// time is not an RTT sample: a resolver's SERVFAIL often comes after its own timeouts.)
+    pub fn note_error_reply(&self, addr: SocketAddr, ends_try: bool, now: Instant) {
+        if let Some(i) = self.index(addr) {
+            self.note_alive(i, ends_try, now);
+        }
     }
 
-    /// As [`UpstreamSet::note_failure`], for a failure that may not end a try of its own
-    /// (`ends_try` false: the network said the server is unreachable).
-    pub fn note_failure_of(&self, addr: SocketAddr, blame: bool, ends_try: bool) -> bool {
-        let Some(i) = self.index(addr) else {
-            return false;
-        };
+    /// A try at `addr` for the name hashed to `name`, sent at `sent`, is known unanswered at
+    /// `now`. `None` for a refusal by the network, which is about the server, not a name.
+    fn note_unanswered(
+        &self,
+        i: usize,
+        ends_try: bool,
+        name: Option<u64>,
+        sent: Instant,
+        now: Instant,
+    ) {
         if ends_try {
-            self.end_try(i);
-        }
-        if !blame {
-            return false;
+            self.end_try(self.addrs[i]);
         }
         self.failures.fetch_add(1, Relaxed);
         self.stats[i].failures.fetch_add(1, Relaxed);
+        let h = &self.health[i];
+        let sent_ms = self.ms(sent);
+        let replied = h.replied_ms.load(Relaxed);
+        if sent_ms > replied {
+            // Relay threads may race here; the worst outcome is a run judged a moment late.
+            if h.run_sent_ms.load(Relaxed) <= replied {
+                h.run_sent_ms.store(sent_ms, Relaxed);
+                h.run_name.store(name.unwrap_or(0), Relaxed);
+                h.run_names.store(name.is_none(), Relaxed);
+            } else if name.is_none_or(|n| n != h.run_name.load(Relaxed)) {
+                h.run_names.store(true, Relaxed);
+            }
+        }
+        h.unanswered_sent_ms.fetch_max(sent_ms, Relaxed);
+        h.unanswered_at_ms.fetch_max(self.ms(now), Relaxed);
+    }
+
+    /// The network refused a try at `addr` sent at `sent` (ICMP unreachable, a TCP exchange
+    /// broken), learnt at `now`: the server becomes suspect; true when that is a change.
+    pub fn note_failure(
+        &self,
+        addr: SocketAddr,
+        ends_try: bool,
+        sent: Instant,
+        now: Instant,
+    ) -> bool {
+        let Some(i) = self.index(addr) else {
+            return false;
+        };
+        self.note_unanswered(i, ends_try, None, sent, now);
         !self.health[i].suspect.swap(true, Relaxed)
     }
 
-    /// A try at `addr` timed out. Counted like any failure, but the server becomes suspect only
-    /// when its loss score reaches `SUSPECT_AT` (see the module's note): true when that is a
-    /// change.
-    pub fn note_loss(&self, addr: SocketAddr, ends_try: bool) -> bool {
+    /// A try at `addr` for the name hashed to `name`, sent at `sent`, timed out at `now`. The
+    /// server becomes suspect only when its loss score reaches `SUSPECT_AT` (see the module's
+    /// note): true when that is a change.
+    pub fn note_loss(
+        &self,
+        addr: SocketAddr,
+        ends_try: bool,
+        name: u64,
+        sent: Instant,
+        now: Instant,
+    ) -> bool {
         let Some(i) = self.index(addr) else {
             return false;
         };
-        if ends_try {
-            self.end_try(i);
-        }
-        self.failures.fetch_add(1, Relaxed);
-        self.stats[i].failures.fetch_add(1, Relaxed);
+        self.note_unanswered(i, ends_try, Some(name), sent, now);
         let h = &self.health[i];
         let score = h.losses.fetch_add(LOSS, Relaxed).saturating_add(LOSS);
         score >= SUSPECT_AT && !h.suspect.swap(true, Relaxed)
     }
 
-    /// A server of the group sent a reply at `now`, an error reply included: it is alive.
-    pub fn note_heard(&self, now: Instant) {
-        let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
-        self.heard_ms.fetch_max(now_ms, Relaxed);
+    /// Has `i` left tries for two names unanswered since its last reply, the latest lately?
+    fn silent(&self, i: usize, now_ms: u64) -> bool {
+        let h = &self.health[i];
+        let (at, replied) = (h.unanswered_at_ms.load(Relaxed), h.replied_ms.load(Relaxed));
+        at != 0
+            && now_ms.saturating_sub(at) < SILENCE_COUNTS.as_millis() as u64
+            && h.unanswered_sent_ms.load(Relaxed) > replied
+            && h.run_sent_ms.load(Relaxed) > replied
+            && h.run_names.load(Relaxed)
     }
 
-    /// The group is down: every server failed lately and none has sent a reply of any kind in
-    /// the last second. A query is better answered at once than after a whole query budget.
-    /// False for an empty set.
+    /// The group is down: every server is silent (see the module's note). A query is better
+    /// answered at once than after a whole query budget. False for an empty set, and never
+    /// because nobody asked.
     pub fn down(&self, now: Instant) -> bool {
-        let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
-        let heard = self.heard_ms.load(Relaxed);
-        !self.addrs.is_empty()
-            && (heard == 0 || now_ms.saturating_sub(heard) >= 1000)
-            && (0..self.addrs.len()).all(|i| self.suspect(i))
+        let now_ms = self.ms(now);
+        !self.addrs.is_empty() && (0..self.addrs.len()).all(|i| self.silent(i, now_ms))
     }
 
     /// Is some server due a probe at `now` (see [`PROBE_EVERY`])? Nothing is claimed: the try
     /// that follows claims it.
     pub fn probe_due(&self, now: Instant) -> bool {
-        let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+        let now_ms = self.ms(now);
         self.health.iter().any(|h| {
             let last = h.probed_ms.load(Relaxed);
             last == 0 || now_ms.saturating_sub(last) >= PROBE_EVERY.as_millis() as u64
@@ -446,7 +525,7 @@ mod tests {
                 let start = u.next_start();
                 let to = pick(u, start, &[]).unwrap();
                 u.note_sent(to);
-                u.note_reply(to, Duration::from_millis(1), true);
+                u.note_reply(to, Duration::from_millis(1), true, u.epoch);
                 to == addr
             })
             .count()
@@ -457,7 +536,10 @@ mod tests {
         let u = UpstreamSet::new(vec![addr(1), addr(2)], Instant::now());
         share_of(&u, addr(1), 20);
         u.note_sent(addr(1));
-        assert!(!u.note_loss(addr(1), true), "one loss is forgiven");
+        assert!(
+            !u.note_loss(addr(1), true, 0, u.epoch, u.epoch),
+            "one loss is forgiven"
+        );
         assert!(!u.is_suspect(addr(1)));
         let share = share_of(&u, addr(1), 200);
         assert!(
@@ -466,21 +548,24 @@ mod tests {
         );
         // Two in a row: suspect at once.
         u.note_sent(addr(2));
-        assert!(!u.note_loss(addr(2), true));
+        assert!(!u.note_loss(addr(2), true, 0, u.epoch, u.epoch));
         u.note_sent(addr(2));
-        assert!(u.note_loss(addr(2), true), "a second loss in a row demotes");
+        assert!(
+            u.note_loss(addr(2), true, 0, u.epoch, u.epoch),
+            "a second loss in a row demotes"
+        );
         assert!(u.is_suspect(addr(2)));
         // A loss one answer in eight or rarer never demotes; one in three does.
         let u = UpstreamSet::new(vec![addr(1)], Instant::now());
         for _ in 0..10 {
             u.note_sent(addr(1));
-            assert!(!u.note_loss(addr(1), true));
+            assert!(!u.note_loss(addr(1), true, 0, u.epoch, u.epoch));
             share_of(&u, addr(1), 8);
         }
         let mut demoted = false;
         for _ in 0..5 {
             u.note_sent(addr(1));
-            demoted |= u.note_loss(addr(1), true);
+            demoted |= u.note_loss(addr(1), true, 0, u.epoch, u.epoch);
             share_of(&u, addr(1), 3);
         }
         assert!(demoted, "repeated losses demote");
@@ -490,7 +575,7 @@ mod tests {
     fn answer(u: &UpstreamSet, a: SocketAddr, rtt_us: u64, n: usize) {
         for _ in 0..n {
             u.note_sent(a);
-            u.note_reply(a, Duration::from_micros(rtt_us), true);
+            u.note_reply(a, Duration::from_micros(rtt_us), true, u.epoch);
         }
     }
 
@@ -595,9 +680,15 @@ mod tests {
     fn suspect_servers_go_last_are_probed_and_come_back_when_they_answer() {
         let u = three();
         u.note_sent(addr(1));
-        assert!(u.note_failure(addr(1), true), "became suspect");
+        assert!(
+            u.note_failure(addr(1), true, u.epoch, u.epoch),
+            "became suspect"
+        );
         u.note_sent(addr(1));
-        assert!(!u.note_failure(addr(1), true), "already suspect");
+        assert!(
+            !u.note_failure(addr(1), true, u.epoch, u.epoch),
+            "already suspect"
+        );
         assert!(u.is_suspect(addr(1)));
         let t = u.epoch + Duration::from_secs(5);
         assert_eq!(
@@ -619,10 +710,10 @@ mod tests {
         );
         u.note_sent(addr(1));
         assert!(
-            u.note_reply(addr(1), Duration::from_micros(300), true),
+            u.note_reply(addr(1), Duration::from_micros(300), true, u.epoch),
             "recovered"
         );
-        assert!(!u.note_reply(addr(1), Duration::ZERO, true));
+        assert!(!u.note_reply(addr(1), Duration::ZERO, true, u.epoch));
         assert_eq!(u.choose(0, &[], &[], t).map(|c| c.addr), Some(addr(1)));
     }
 
@@ -630,7 +721,7 @@ mod tests {
     fn local_failures_do_not_make_a_server_suspect() {
         let u = three();
         u.note_sent(addr(1));
-        assert!(!u.note_failure(addr(1), false));
+        u.end_try(addr(1));
         assert!(!u.is_suspect(addr(1)));
         assert_eq!(u.failures(), 0);
     }
@@ -639,7 +730,7 @@ mod tests {
     fn all_suspect_still_tries_every_server() {
         let u = three();
         for i in 1..=3 {
-            u.note_failure(addr(i), true);
+            u.note_failure(addr(i), true, u.epoch, u.epoch);
         }
         assert!(pick(&u, 2, &[]).is_some());
         assert_eq!(pick(&u, 2, &[addr(3)]).map(|a| a != addr(3)), Some(true));
@@ -682,7 +773,7 @@ mod tests {
     fn a_server_listed_twice_is_one_server() {
         let u = UpstreamSet::new(vec![addr(1), addr(2), addr(1)], Instant::now());
         assert_eq!(u.addrs(), [addr(1), addr(2)]);
-        u.note_failure(addr(1), true);
+        u.note_failure(addr(1), true, u.epoch, u.epoch);
         assert_eq!(pick(&u, 0, &[]), Some(addr(1)), "probed once");
         assert_eq!(
             pick(&u, 0, &[]),
@@ -700,8 +791,8 @@ mod tests {
     #[test]
     fn unknown_addresses_are_ignored() {
         let u = three();
-        assert!(!u.note_failure(addr(200), true));
-        assert!(!u.note_reply(addr(200), Duration::ZERO, true));
+        assert!(!u.note_failure(addr(200), true, u.epoch, u.epoch));
+        assert!(!u.note_reply(addr(200), Duration::ZERO, true, u.epoch));
         assert_eq!(pick(&u, 0, &[]), Some(addr(1)));
     }
 }

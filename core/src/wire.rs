@@ -334,7 +334,7 @@ pub fn checking_disabled(p: &[u8]) -> bool {
 
 /// End of an uncompressed name starting at `at`. Question names never need compression (nothing
 /// precedes them to point at), so a pointer there marks the packet as malformed.
-fn question_name_end(p: &[u8], mut at: usize) -> Option<usize> {
+pub fn question_name_end(p: &[u8], mut at: usize) -> Option<usize> {
     let start = at;
     loop {
         let len = *p.get(at)? as usize;

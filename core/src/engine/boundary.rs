@@ -127,11 +127,6 @@ impl Failure {
             _ => Failure::Network(e.kind()),
         }
     }
-
-    /// Does this say anything about the upstream's health?
-    pub fn blames_upstream(self) -> bool {
-        !matches!(self, Failure::Local(_))
-    }
 }
 
 /// EMFILE, ENFILE, ENOBUFS, ENOMEM: the process or the host ran out of something.

@@ -429,8 +429,14 @@ impl Engine {
         if let Some(orphan) = self.take_orphan(&leg) {
             // A late answer to a query already answered: it still proves the upstream alive.
             let took = now.saturating_duration_since(orphan.sent);
-            self.upstreams.get(orphan.group).note_heard(now);
-            self.note_reply(orphan.group, from, took, true);
+            self.note_reply(orphan.group, from, took, orphan.counted, now);
+            // The name was answered after all, only late: not one to fail at once.
+            if !self.unanswered.is_empty() {
+                let end = wire::question_name_end(packet, wire::HEADER_LEN);
+                if let Some(name) = end.and_then(|end| packet.get(wire::HEADER_LEN..end)) {
+                    self.unanswered.retain(|k, _| !k.is_for(name));
+                }
+            }
             return;
         }
         let Some((slot, try_no)) = self.find_try(&leg) else {
@@ -440,7 +446,14 @@ impl Engine {
         if !wire::reply_matches(packet, leg.id, p.q.question(&p.query)) {
             return;
         }
-        self.upstreams.get(p.group).note_heard(now);
+        // The name is answered (an error too is the upstream's answer): not one to fail at once.
+        if !self.unanswered.is_empty() {
+            if let Some(key) = self.pending(slot).key.as_ref() {
+                let key = key.clone();
+                self.unanswered.remove(&key);
+            }
+        }
+        let p = self.pending(slot);
         let code = wire::rcode(packet);
         let has_question = u16::from_be_bytes([packet[4], packet[5]]) == 1;
         // A reply without a question is acceptable only as an error (FORMERR, BADVERS from a
@@ -449,7 +462,7 @@ impl Engine {
             return;
         }
         let group = p.group;
-        let (sent, live) = p.tries[try_no].map_or((now, false), |t| (t.sent, t.live));
+        let (sent, counted) = p.tries[try_no].map_or((now, false), |t| (t.sent, t.counted));
         // We advertise at most 1232 bytes upstream, so the UDP leg never needs fragments; an
         // asker that takes more gets the whole answer fetched over TCP instead of a cut one. A
         // truncated reply with no answer record at all (dnsmasq, unbound and others cut that way)
@@ -467,7 +480,13 @@ impl Engine {
             && now < p.deadline
         {
             self.end_try(slot, try_no, false);
-            self.note_reply(group, from, now.saturating_duration_since(sent), live);
+            self.note_reply(
+                group,
+                from,
+                now.saturating_duration_since(sent),
+                counted,
+                now,
+            );
             self.pending_mut(slot).refetch = Some(from);
             self.next_try(slot, now);
             return;
@@ -475,7 +494,7 @@ impl Engine {
         self.end_try(slot, try_no, false);
         if matches!(code, rcode::SERVFAIL | rcode::REFUSED | rcode::NOTIMP) || !has_question {
             // Errors are not answers: another upstream may resolve it.
-            self.note_error(group, from, Failure::ErrorReply(code), live);
+            self.note_error(group, from, Failure::ErrorReply(code), counted, sent, now);
             let p = self.pending_mut(slot);
             if let Some(t) = p.tries[try_no].as_mut() {
                 t.errored = true;
@@ -486,7 +505,13 @@ impl Engine {
             self.next_try(slot, now);
             return;
         }
-        self.note_reply(group, from, now.saturating_duration_since(sent), live);
+        self.note_reply(
+            group,
+            from,
+            now.saturating_duration_since(sent),
+            counted,
+            now,
+        );
         let Some(mut p) = self.release(slot, now) else {
             return;
         };
@@ -522,17 +547,18 @@ impl Engine {
             self.handle_unreachable(now, leg.to);
             return;
         }
-        if let Some(orphan) = self.take_orphan(&leg) {
-            self.note_failure(orphan.group, leg.to, failure);
+        if let Some(o) = self.take_orphan(&leg) {
+            self.note_error(o.group, leg.to, failure, o.counted, o.sent, now);
             return;
         }
         let Some((slot, try_no)) = self.find_try(&leg) else {
             return;
         };
         let p = self.pending(slot);
-        let (group, live) = (p.group, p.tries[try_no].is_some_and(|t| t.live));
+        let (sent, counted) = p.tries[try_no].map_or((now, false), |t| (t.sent, t.counted));
+        let group = p.group;
         self.end_try(slot, try_no, false);
-        self.note_error(group, leg.to, failure, live);
+        self.note_error(group, leg.to, failure, counted, sent, now);
         self.next_try(slot, now);
     }
 
@@ -543,14 +569,14 @@ impl Engine {
         let failure = Failure::Network(std::io::ErrorKind::ConnectionRefused);
         for group in UpstreamGroup::BOTH {
             if self.upstreams.get(group).contains(upstream) {
-                self.note_error(group, upstream, failure, false);
+                self.note_error(group, upstream, failure, false, now, now);
             }
         }
         let upstreams = self.upstreams.clone();
         self.orphans.retain(|k, o| {
             let hit = matches!(k, TryKey::Udp(to, ..) if *to == upstream);
-            if hit {
-                upstreams.get(o.group).note_failure(upstream, false);
+            if hit && o.counted {
+                upstreams.get(o.group).end_try(upstream);
             }
             !hit
         });
@@ -571,8 +597,8 @@ impl Engine {
             else {
                 continue;
             };
-            if p.tries[try_no].is_some_and(|t| t.live) {
-                self.upstreams.get(p.group).note_failure(upstream, false);
+            if p.tries[try_no].is_some_and(|t| t.counted) {
+                self.upstreams.get(p.group).end_try(upstream);
             }
             self.end_try(slot, try_no, false);
             self.next_try(slot, now);
@@ -609,11 +635,21 @@ impl Engine {
                 break;
             }
             self.orphan_timers.pop();
-            if self.orphans.get(&key).is_some_and(|o| o.deadline == at) {
-                if let Some(orphan) = self.orphans.remove(&key) {
-                    self.note_failure(orphan.group, key.upstream(), Failure::TimedOut);
-                }
+            let Some(o) = self.orphans.get_mut(&key).filter(|o| o.deadline == at) else {
+                continue;
+            };
+            if o.judged {
+                self.orphans.remove(&key);
+                continue;
             }
+            // Lost for its whole time; a late reply is still awaited, as for any try.
+            let o = *o;
+            let late = (o.sent + self.settings.query_timeout).max(at);
+            if let Some(kept) = self.orphans.get_mut(&key) {
+                (kept.judged, kept.counted, kept.deadline) = (true, false, late);
+            }
+            self.orphan_timers.push(Reverse((late, key)));
+            self.note_timeout(o.group, key.upstream(), o.counted, o.name, o.sent, now);
         }
         // Timers of answered queries stay in the heap until they expire; at very high rates that
         // is many, so drop them early rather than let the heap grow with the query rate.

@@ -23,6 +23,9 @@ pub struct Try {
     pub errored: bool,
     /// Its key is in the engine's table of tries: a reply to it would still be taken.
     pub keyed: bool,
+    /// Still counted among its upstream's outstanding tries: live and not yet past its hedge
+    /// point.
+    pub counted: bool,
 }
 
 /// A client waiting for an answer besides the first: how it asked (its ID, spelling and size
@@ -75,6 +78,17 @@ impl Pending {
 
     pub fn has_askers(&self) -> bool {
         self.client.is_some() || !self.followers.is_empty()
+    }
+
+    /// The question's name, hashed (FNV-1a, any case): upstream health tells one name's
+    /// failures from another's.
+    pub fn name_hash(&self) -> u64 {
+        self.q
+            .name(&self.query)
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+                (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x100_0000_01b3)
+            })
     }
 
     pub fn live_tries(&self) -> usize {
@@ -208,8 +222,15 @@ impl TryKey {
 
 /// A try still out when its query was answered by another: kept until its reply or its
 /// deadline, so a server that answers late or never still counts in its health.
+#[derive(Clone, Copy)]
 pub struct Orphan {
     pub group: UpstreamGroup,
     pub sent: Instant,
     pub deadline: Instant,
+    /// As [`Try::counted`].
+    pub counted: bool,
+    /// As [`Pending::name_hash`].
+    pub name: u64,
+    /// Its timeout was counted already: its deadline only stops the wait for a late reply.
+    pub judged: bool,
 }

@@ -22,9 +22,16 @@ impl Engine {
         let Some(t) = p.tries[try_no].filter(|t| t.live) else {
             return;
         };
+        if now < t.sent + self.settings.upstream_timeout {
+            // The query's budget ran out before the try's own: the query ends, and the try waits
+            // on as an orphan, so a slow server is not judged on a cut-short wait.
+            self.give_up(slot, now);
+            return;
+        }
         let (group, latest) = (p.group, try_no + 1 == p.ntries);
+        let name = self.pending(slot).name_hash();
         self.end_try(slot, try_no, true);
-        self.note_failure(group, t.leg.to, Failure::TimedOut);
+        self.note_timeout(group, t.leg.to, t.counted, name, t.sent, now);
         // An earlier try that runs out while a later one is out just ends; the later one's own
         // timer moves the query on.
         if latest || self.pending(slot).live_tries() == 0 {
@@ -41,6 +48,17 @@ impl Engine {
             .map(|t| (t.sent + self.settings.upstream_timeout).min(p.deadline));
         if let Some(at) = timeout {
             self.arm(slot, try_no, at, TimerKind::TryTimeout);
+        }
+        // Late: likely lost. It stops counting as outstanding, or one lost packet would steer
+        // every query away from its server until the timeout.
+        let group = self.pending(slot).group;
+        if let Some(t) = self.pending_mut(slot).tries[try_no]
+            .as_mut()
+            .filter(|t| t.counted)
+        {
+            t.counted = false;
+            let to = t.leg.to;
+            self.upstreams.get(group).end_try(to);
         }
         let p = self.pending(slot);
         let still_out = p.tries[try_no].is_some_and(|t| t.live);
@@ -73,6 +91,7 @@ impl Engine {
         let p = self.pending_mut(slot);
         if let Some(t) = p.tries[try_no].as_mut() {
             t.live = false;
+            t.counted = false;
             if !may_still_answer && t.keyed {
                 t.keyed = false;
                 let key = TryKey::of(&t.leg);
@@ -81,42 +100,76 @@ impl Engine {
         }
     }
 
-    /// `live`: the try was still counted as outstanding (not already ended by its timeout).
+    /// An answer from `upstream`; `counted`: its try still counted as outstanding.
     pub(super) fn note_reply(
         &mut self,
         group: UpstreamGroup,
         upstream: SocketAddr,
         took: Duration,
-        live: bool,
+        counted: bool,
+        now: Instant,
     ) {
-        if self.upstreams.get(group).note_reply(upstream, took, live) {
+        if self
+            .upstreams
+            .get(group)
+            .note_reply(upstream, took, counted, now)
+        {
             self.events
                 .push_back(Event::UpstreamRecovered { group, upstream });
         }
     }
 
-    /// A try that was still outstanding failed.
-    pub(super) fn note_failure(
+    /// A try at `upstream` for the name hashed to `name`, sent at `sent`, went unanswered for
+    /// its whole time; `counted` as in [`Engine::note_reply`].
+    pub(super) fn note_timeout(
         &mut self,
         group: UpstreamGroup,
         upstream: SocketAddr,
-        failure: Failure,
+        counted: bool,
+        name: u64,
+        sent: Instant,
+        now: Instant,
     ) {
-        self.note_error(group, upstream, failure, true);
+        if self
+            .upstreams
+            .get(group)
+            .note_loss(upstream, counted, name, sent, now)
+        {
+            self.events.push_back(Event::UpstreamSuspect {
+                group,
+                upstream,
+                failure: Failure::TimedOut,
+            });
+        }
     }
 
-    /// A failure of `upstream`; `live` when it ended a try still counted as outstanding.
+    /// A try at `upstream`, sent at `sent`, ended without an answer at `now`; `counted` as in
+    /// [`Engine::note_reply`]. (Timeouts: [`Engine::note_timeout`].)
     pub(super) fn note_error(
         &mut self,
         group: UpstreamGroup,
         upstream: SocketAddr,
         failure: Failure,
-        live: bool,
+        counted: bool,
+        sent: Instant,
+        now: Instant,
     ) {
         let set = self.upstreams.get(group);
         let demoted = match failure {
-            Failure::TimedOut => set.note_loss(upstream, live),
-            _ => set.note_failure_of(upstream, failure.blames_upstream(), live),
+            Failure::TimedOut => set.note_loss(upstream, counted, 0, sent, now),
+            Failure::ErrorReply(_) => {
+                set.note_error_reply(upstream, counted, now);
+                false
+            }
+            Failure::Local(_) => {
+                if counted {
+                    set.end_try(upstream);
+                }
+                false
+            }
+            Failure::Network(_) | Failure::NoSocket => {
+                set.note_failure(upstream, counted, sent, now)
+            }
         };
         if demoted {
             self.events.push_back(Event::UpstreamSuspect {
@@ -153,22 +206,30 @@ impl Engine {
             if t.keyed {
                 self.keys.remove(&key);
             }
-            if !t.live {
+            // A try still out, or one judged lost whose late reply would still have been taken,
+            // stays awaited: a reply of any kind, however late, is life.
+            if !t.live && !t.keyed {
                 continue;
             }
-            let deadline = (t.sent + self.settings.upstream_timeout).max(now);
+            let wait = if t.live {
+                self.settings.upstream_timeout
+            } else {
+                self.settings.query_timeout
+            };
+            let deadline = (t.sent + wait).max(now);
             if self.orphans.len() < 4 * self.settings.max_inflight {
                 let orphan = Orphan {
                     group: pending.group,
                     sent: t.sent,
                     deadline,
+                    counted: t.counted,
+                    name: pending.name_hash(),
+                    judged: !t.live,
                 };
                 self.orphans.insert(key, orphan);
                 self.orphan_timers.push(Reverse((deadline, key)));
-            } else {
-                self.upstreams
-                    .get(pending.group)
-                    .note_failure(t.leg.to, false);
+            } else if t.counted {
+                self.upstreams.get(pending.group).end_try(t.leg.to);
             }
         }
         if let Some(key) = &pending.key {
@@ -235,6 +296,7 @@ impl Engine {
                 live: true,
                 errored: false,
                 keyed: true,
+                counted: true,
             });
             let timeout = (now + upstream_timeout).min(p.deadline);
             let set = self.upstreams.get(group);

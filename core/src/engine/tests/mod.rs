@@ -3,6 +3,7 @@
 //! here; the tests are in `relaying`, `tries` and `caching`.
 
 mod caching;
+mod histories;
 mod relaying;
 mod tries;
 

@@ -89,8 +89,8 @@ fn an_error_reply_moves_the_query_to_another_upstream_at_once() {
             let (second, sent2) = rig.last_upstream();
             assert_ne!(second.to, first.to);
             assert!(
-                rig.engine.upstreams.kube_dns.is_suspect(first.to),
-                "counts against it"
+                !rig.engine.upstreams.kube_dns.is_suspect(first.to),
+                "its answer for one name, not a fault"
             );
             rig.reply_at(second, answer(&sent2, 60), second.to, 2);
             let answers = rig.to_client();
@@ -304,12 +304,13 @@ fn a_group_known_down_is_answered_at_once_and_probed_in_the_background() {
     for transport in BOTH {
         let mut rig = Rig::new(transport, ListenerRole::Cluster, vec![], vec![up(1)]);
         rig.query(&query(1, "a.b", None), 0);
+        rig.query(&query(9, "x.y", None), 0);
         for ms in [1000, 2000, 2500] {
             rig.tick(ms);
         }
         let answers = rig.to_client();
-        assert_eq!(answers.len(), 1, "{transport:?}: SERVFAIL at the deadline");
-        // Its only upstream lost twice in a row and has sent nothing: the group is down.
+        assert_eq!(answers.len(), 2, "{transport:?}: SERVFAIL at the deadline");
+        // Its only upstream left two names unanswered and has sent nothing: the group is down.
         let before = rig.upstream_sends();
         assert_eq!(rig.query(&query(2, "c.d", None), 2600), Outcome::Answered);
         let last = rig.to_client().pop().unwrap();
@@ -371,11 +372,15 @@ fn background_probes_of_a_down_group_never_go_over_the_inflight_cap() {
     for ms in [1000, 2000, 2500] {
         rig.tick(ms);
     }
+    rig.query(&query(4, "x.y", None), 2500);
+    for ms in [3000, 3500, 4500, 5000] {
+        rig.tick(ms);
+    }
     // Down: the next query is answered at once and its probe takes the one slot.
-    assert_eq!(rig.query(&query(2, "c.d", None), 2600), Outcome::Answered);
+    assert_eq!(rig.query(&query(2, "c.d", None), 5100), Outcome::Answered);
     assert_eq!(rig.engine.inflight(), 1);
     // Half a second on a probe is due again, but the slot is taken: no second query in flight.
-    assert_eq!(rig.query(&query(3, "e.f", None), 3200), Outcome::Answered);
+    assert_eq!(rig.query(&query(3, "e.f", None), 5700), Outcome::Answered);
     assert!(
         rig.engine.inflight() <= 1,
         "{} in flight",
@@ -389,8 +394,9 @@ fn a_group_known_down_answers_stale_at_once_even_for_a_name_not_asked_during_the
     rig.query(&query(1, "cached.b", None), 0);
     let (leg, sent) = rig.last_upstream();
     rig.reply_at(leg, answer(&sent, 1), leg.to, 1);
-    // The outage: another name's tries time out; the only upstream is down from 12.0 s on.
+    // The outage: two other names' tries time out; the only upstream is down from 12.0 s on.
     rig.query(&query(2, "other.b", None), 10_000);
+    rig.query(&query(4, "more.b", None), 10_000);
     for ms in [11_000, 12_000, 12_500] {
         rig.tick(ms);
     }
@@ -408,4 +414,77 @@ fn a_group_known_down_answers_stale_at_once_even_for_a_name_not_asked_during_the
         sends + 1,
         "and refreshed in the background"
     );
+}
+
+/// The healthy paths of the fail-fast: an upstream that answers anything is alive, however
+/// quiet the listener is afterwards.
+#[test]
+fn after_an_error_reply_and_quiet_seconds_the_next_name_is_still_asked() {
+    for code in [rcode::SERVFAIL, rcode::REFUSED] {
+        for servers in [vec![up(1)], vec![up(1), up(2)]] {
+            for gap in [1500, 3000] {
+                let mut rig = Rig::new(Transport::Udp, ListenerRole::Node, servers.clone(), vec![]);
+                rig.query(&query(1, "bad.example.com", None), 0);
+                // Every server asked answers the broken name with the error.
+                for ms in 1..=servers.len() as u64 {
+                    let (leg, sent) = rig.last_upstream();
+                    rig.reply_at(leg, with_rcode(&sent, code), leg.to, ms);
+                }
+                let first = rig.to_client();
+                assert_eq!(first.len(), 1);
+                assert_eq!(wire::rcode(&first[0]), code, "the upstream's own answer");
+                let case = format!("rcode {code}, {} servers, {gap} ms quiet", servers.len());
+                assert_eq!(
+                    rig.query(&query(2, "good1.example.com", None), gap),
+                    Outcome::Waiting,
+                    "{case}: asked, not failed at once"
+                );
+                let (leg, sent) = rig.last_upstream();
+                rig.reply_at(leg, answer(&sent, 60), leg.to, gap + 1);
+                let last = rig.to_client().pop().unwrap();
+                assert_eq!(
+                    (wire::id(&last), wire::rcode(&last)),
+                    (2, rcode::NOERROR),
+                    "{case}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn after_one_slow_answer_and_a_quiet_second_the_next_name_is_still_asked() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Node, vec![up(1)], vec![]);
+    rig.query(&query(1, "slow.example.com", None), 0);
+    let (first, sent) = rig.last_upstream();
+    for ms in [100, 1000, 1100, 1200] {
+        rig.tick(ms);
+    }
+    // Past the try's second, inside the query's budget: the client gets it.
+    rig.reply_at(first, answer(&sent, 60), first.to, 1300);
+    let got = rig.to_client();
+    assert_eq!(got.len(), 1);
+    assert_eq!(wire::rcode(&got[0]), rcode::NOERROR);
+    for ms in [2000, 2200, 2300, 2800] {
+        rig.tick(ms);
+    }
+    assert_eq!(
+        rig.query(&query(2, "next.example.com", None), 2800),
+        Outcome::Waiting,
+        "a slow server is not a dead one"
+    );
+}
+
+#[test]
+fn a_try_cut_short_by_the_query_budget_is_not_judged_lost() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    rig.query(&query(1, "a.b", None), 0);
+    for ms in [1000, 2000, 2500] {
+        rig.tick(ms);
+    }
+    assert_eq!(rig.to_client().len(), 1, "SERVFAIL at the deadline");
+    // The last try went out at 2.0 s and is awaited until 3.0 s; its late answer is life.
+    let (leg, sent) = rig.last_upstream();
+    rig.reply_at(leg, answer(&sent, 60), leg.to, 2900);
+    assert_eq!(rig.query(&query(2, "c.d", None), 3000), Outcome::Waiting);
 }
