@@ -14,8 +14,8 @@
 //! is back in rotation within a second. No server is ever excluded.
 //!
 //! A group is *down* only when each of its servers is silent on the evidence: since its last
-//! reply of any kind, tries for two different names went unanswered for their whole time, the
-//! latest judged within `SILENCE_COUNTS`. Silence counts only for tries sent, so a quiet listener
+//! reply of any kind, tries for two different names went unanswered for their whole time (or
+//! tries for one name, for a whole query budget), the latest judged within `SILENCE_COUNTS`. Silence counts only for tries sent, so a quiet listener
 //! never makes a healthy upstream look dead; and it takes two names, so one name that the
 //! upstream is slow to resolve (its own recursion takes over a second) does not fail the others
 //! (that name's own repeats are the resolution-failure cache's business).
@@ -362,6 +362,8 @@ impl UpstreamSet {
     pub fn note_error_reply(&self, addr: SocketAddr, ends_try: bool, now: Instant) {
         if let Some(i) = self.index(addr) {
             self.note_alive(i, ends_try, now);
+            // Still a try that did not resolve, for whoever watches the upstream's error share.
+            self.stats[i].failures.fetch_add(1, Relaxed);
         }
     }
 
@@ -433,23 +435,26 @@ impl UpstreamSet {
         score >= SUSPECT_AT && !h.suspect.swap(true, Relaxed)
     }
 
-    /// Has `i` left tries for two names unanswered since its last reply, the latest lately?
-    fn silent(&self, i: usize, now_ms: u64) -> bool {
+    /// Has `i` left tries for two names (or one name for a whole query budget) unanswered since
+    /// its last reply, the latest lately?
+    fn silent(&self, i: usize, now_ms: u64, budget_ms: u64) -> bool {
         let h = &self.health[i];
         let (at, replied) = (h.unanswered_at_ms.load(Relaxed), h.replied_ms.load(Relaxed));
         at != 0
             && now_ms.saturating_sub(at) < SILENCE_COUNTS.as_millis() as u64
             && h.unanswered_sent_ms.load(Relaxed) > replied
             && h.run_sent_ms.load(Relaxed) > replied
-            && h.run_names.load(Relaxed)
+            && (h.run_names.load(Relaxed)
+                || now_ms.saturating_sub(h.run_sent_ms.load(Relaxed)) >= budget_ms)
     }
 
-    /// The group is down: every server is silent (see the module's note). A query is better
-    /// answered at once than after a whole query budget. False for an empty set, and never
-    /// because nobody asked.
-    pub fn down(&self, now: Instant) -> bool {
+    /// The group is down: every server is silent (see the module's note; `budget` is a whole
+    /// query's). A query is better answered at once than after a whole query budget. False for
+    /// an empty set, and never because nobody asked.
+    pub fn down(&self, now: Instant, budget: Duration) -> bool {
         let now_ms = self.ms(now);
-        !self.addrs.is_empty() && (0..self.addrs.len()).all(|i| self.silent(i, now_ms))
+        let budget_ms = budget.as_millis() as u64;
+        !self.addrs.is_empty() && (0..self.addrs.len()).all(|i| self.silent(i, now_ms, budget_ms))
     }
 
     /// Is some server due a probe at `now` (see [`PROBE_EVERY`])? Nothing is claimed: the try

@@ -262,7 +262,12 @@ impl Engine {
                     .unanswered
                     .get(key)
                     .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
-            if failed_just_now || self.upstreams.get(group).down(now) {
+            if failed_just_now
+                || self
+                    .upstreams
+                    .get(group)
+                    .down(now, self.settings.query_timeout)
+            {
                 self.answer_at_once(client, packet, &q, stale_known);
                 if waiting.is_none() {
                     self.probe_if_down(now, packet, q, Some(key.clone()), group, transport);
@@ -289,7 +294,12 @@ impl Engine {
             }
         }
         // Without a cache key (the cache off) a down group answers at once too; see above.
-        if key.is_none() && self.upstreams.get(group).down(now) {
+        if key.is_none()
+            && self
+                .upstreams
+                .get(group)
+                .down(now, self.settings.query_timeout)
+        {
             self.answer_at_once(client, packet, &q, false);
             self.probe_if_down(now, packet, q, None, group, transport);
             return Outcome::Answered;
@@ -345,7 +355,7 @@ impl Engine {
         transport: Transport,
     ) {
         let upstreams = self.upstreams.get(group);
-        if upstreams.down(now) && upstreams.probe_due(now) {
+        if upstreams.down(now, self.settings.query_timeout) && upstreams.probe_due(now) {
             self.refresh_in_background(now, packet, q, key, group, transport);
         }
     }

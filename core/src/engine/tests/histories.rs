@@ -9,9 +9,10 @@
 //! - a NOERROR reply carries the upstream's records (fresh or from the cache);
 //! - an error RCODE is one an upstream gave for that name, passed on;
 //! - a SERVFAIL made here goes only to a query whose own tries all went unanswered, or, answered
-//!   at once, to a name whose tries all went unanswered within the last second, or while every
-//!   server of the group is silent on the evidence: a try it left unanswered for its whole
-//!   second, judged within the last second, and nothing heard from it since that try went out.
+//!   at once, to a name whose tries all went unanswered lately, or while every server of the
+//!   group is silent on the evidence: since its last reply, tries for two names (or for one name
+//!   over a whole query budget) left unanswered for their whole second, the latest judged within
+//!   the last second.
 //!
 //! A failure names its seed; `HISTORY_SEED=<seed>` replays that history alone, and `HISTORIES=<n>`
 //! runs more of them.
@@ -321,8 +322,9 @@ fn run_history(seed: u64) -> Result<(), String> {
             }
         }
     }
-    // The evidence of silence: since its last reply, tries for two names left unanswered for
-    // their whole time (dropped, or answered later than that), the latest judged within 1 s.
+    // The evidence of silence: since its last reply, tries for two names (or for one name over a
+    // whole budget) left unanswered for their whole time (dropped, or answered later than that),
+    // the latest judged within 1 s.
     let silent_at = |server: SocketAddr, t: u64, before: usize| {
         let last_reply = heard
             .iter()
@@ -340,7 +342,9 @@ fn run_history(seed: u64) -> Result<(), String> {
             .collect();
         let names = unanswered.iter().map(|s| s.name);
         let latest = unanswered.iter().map(|s| s.at + try_time).max();
-        names.clone().min() != names.max() && latest.is_some_and(|j| j + 1000 > t)
+        let first = unanswered.iter().map(|s| s.at).min();
+        (names.clone().min() != names.max() || first.is_some_and(|f| t - f >= budget))
+            && latest.is_some_and(|j| j + 1000 > t)
     };
     for (i, a) in asked.iter().enumerate() {
         let what = format!("query {i} for {} at {} ms", name(a.name), a.at);
