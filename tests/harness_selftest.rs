@@ -394,7 +394,12 @@ fn responder_delay_answers_late() {
     for extra in ["+notcp", "+tcp"] {
         let res = dig(&topo.node, &[&server, "d.example.", extra]);
         assert_eq!(res.answers, vec![ANSWER.to_string()], "{}", res.raw);
-        assert!(res.elapsed >= delay, "{:?}", res.elapsed);
+        // dig reports whole milliseconds, measured from its own send: 399 ms happens.
+        assert!(
+            res.elapsed + Duration::from_millis(5) >= delay,
+            "{:?}",
+            res.elapsed
+        );
     }
     // Dropping a responder with a reply still pending returns promptly.
     let r2 = Responder::start(
