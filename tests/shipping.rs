@@ -51,10 +51,18 @@ const INSTALLED: [(&str, u32); 6] = [
 const DROPIN: &str = "etc/systemd/system/localdns.service.d/50-localdns-fallback.conf";
 /// Where the package keeps install.sh and the drop-in, inactive (the postinst puts the drop-in at
 /// [`DROPIN`] where it is the wiring).
-const PACKAGED: [(&str, u32); 2] = [
+const PACKAGED: [(&str, u32); 4] = [
     ("usr/share/localdns-fallback/install.sh", 0o755),
     (
         "usr/share/localdns-fallback/localdns.service.d/50-localdns-fallback.conf",
+        0o644,
+    ),
+    (
+        "usr/share/localdns-fallback/node-problem-detector/localdns-fallback.json",
+        0o644,
+    ),
+    (
+        "usr/share/localdns-fallback/prometheus/localdns-fallback-alerts.yaml",
         0o644,
     ),
 ];
