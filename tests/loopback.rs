@@ -132,7 +132,7 @@ fn pipelined_tcp_queries_are_all_answered_each_with_its_own_id() {
 
 #[test]
 fn a_silent_upstream_costs_a_servfail_within_the_query_budget_then_at_once() {
-    // A rig per transport: the first query of each finds the upstream not yet known down.
+    // A rig per transport: the first names of each find the upstream not yet known down.
     for frames_over_tcp in [false, true] {
         let f = Rig::loopback()
             .upstream(Mode::Silent)
@@ -171,8 +171,15 @@ fn a_silent_upstream_costs_a_servfail_within_the_query_budget_then_at_once() {
             f.fwd.logs().contains("timed out"),
             "the timeouts are logged"
         );
-        // Now every upstream of the group is known down: the next name is answered at once.
+        // A second name goes unanswered too (SERVFAIL within the budget at the latest): with
+        // tries for two names unanswered, every upstream of the group is known down, and the
+        // next name is answered at once.
         let took = ask("nobody-else.example");
+        assert!(
+            took < Duration::from_secs(3),
+            "SERVFAIL after {took:?} (tcp: {frames_over_tcp})"
+        );
+        let took = ask("a-third-name.example");
         assert!(
             took < Duration::from_millis(100),
             "SERVFAIL from a group known down after {took:?} (tcp: {frames_over_tcp})"

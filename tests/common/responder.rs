@@ -99,6 +99,45 @@ pub enum Mode {
     /// As [`Mode::CoreDns`], but a UDP answer that does not fit is cut to no record at all
     /// (header, question and OPT, with TC), as dnsmasq and unbound cut.
     CoreDnsEmptyCut,
+    /// A resolver that cannot resolve some names: a name starting with `prefix` (any case) is
+    /// answered with RCODE `code` and the question alone (its own SERVFAIL or REFUSED), every
+    /// other name as Normal. UDP and TCP.
+    RcodeFor {
+        prefix: &'static str,
+        code: u8,
+        answer_v4: Ipv4Addr,
+    },
+    /// A resolver slow to resolve some names: a name starting with `prefix` (any case) is
+    /// answered as Normal `delay` after its query, every other name at once. UDP and TCP.
+    DelayFor {
+        prefix: &'static str,
+        delay: Duration,
+        answer_v4: Ipv4Addr,
+    },
+    /// A path that loses packets after a while: the first `answered` UDP queries are answered
+    /// as Normal, the next `dropped` are lost, the rest answered again. TCP as Normal.
+    DropAfter {
+        answer_v4: Ipv4Addr,
+        answered: usize,
+        dropped: usize,
+    },
+}
+
+/// The question's name of raw `query`, lowercase, if it parses.
+fn qname_lowercase(query: &[u8]) -> Option<String> {
+    let msg = Message::from_vec(query).ok()?;
+    Some(
+        msg.queries()
+            .first()?
+            .name()
+            .to_ascii()
+            .to_ascii_lowercase(),
+    )
+}
+
+/// Does the question of raw `query` name something starting with `prefix`?
+fn asks_for(query: &[u8], prefix: &str) -> bool {
+    qname_lowercase(query).is_some_and(|n| n.starts_with(&prefix.to_ascii_lowercase()))
 }
 
 /// The addresses of `many<n>.*` in [`Mode::CoreDns`], in the order they are answered.
@@ -394,6 +433,36 @@ fn serve_udp(sock: Arc<UdpSocket>, spoof: Option<Arc<SpoofSockets>>, ctx: Ctx) {
                 }
             }
             Mode::DropFirst { n, .. } if seen <= *n => {}
+            Mode::DropAfter {
+                answered, dropped, ..
+            } if seen > *answered && seen <= answered + dropped => {}
+            Mode::RcodeFor { prefix, code, .. } if asks_for(query, prefix) => {
+                if let Some(reply) = rcode_reply(query, *code) {
+                    let _ = sock.send_to(&reply, src);
+                }
+            }
+            Mode::DelayFor {
+                prefix,
+                delay,
+                answer_v4,
+            } if asks_for(query, prefix) => {
+                let Some(reply) = reply_bytes(query, *answer_v4, true) else {
+                    continue;
+                };
+                let (sock, stop, delay) = (Arc::clone(&sock), Arc::clone(&ctx.stop), *delay);
+                ctx.spawn_worker(move || {
+                    if sleep_unless_stopped(&stop, delay) {
+                        let _ = sock.send_to(&reply, src);
+                    }
+                });
+            }
+            Mode::RcodeFor { answer_v4, .. }
+            | Mode::DelayFor { answer_v4, .. }
+            | Mode::DropAfter { answer_v4, .. } => {
+                if let Some(reply) = reply_bytes(query, *answer_v4, true) {
+                    let _ = sock.send_to(&reply, src);
+                }
+            }
             Mode::Normal { answer_v4 }
             | Mode::DropFirst { answer_v4, .. }
             | Mode::TcpSilent { answer_v4 } => {
@@ -622,6 +691,20 @@ fn tcp_reply(query: &[u8], ctx: &Ctx) -> Option<Vec<u8>> {
             }
             reply_bytes(query, *answer_v4, false)
         }
+        Mode::RcodeFor { prefix, code, .. } if asks_for(query, prefix) => rcode_reply(query, *code),
+        Mode::DelayFor {
+            prefix,
+            delay,
+            answer_v4,
+        } if asks_for(query, prefix) => {
+            if !sleep_unless_stopped(&ctx.stop, *delay) {
+                return None;
+            }
+            reply_bytes(query, *answer_v4, false)
+        }
+        Mode::RcodeFor { answer_v4, .. }
+        | Mode::DelayFor { answer_v4, .. }
+        | Mode::DropAfter { answer_v4, .. } => reply_bytes(query, *answer_v4, false),
     }
 }
 
