@@ -435,10 +435,10 @@ fn tcp_clients_piling_on_a_silent_tcp_upstream_cannot_starve_the_process_of_desc
     drop(streams);
 }
 
-/// Every upstream black-holed, with the clients pods really use: the outage's first lookups (two
-/// names at once, as two pods, or one pod's search-path expansion, ask them) wait out the query
-/// budget while their tries time out; tries for two names unanswered make the group known down,
-/// and from then on every query is answered at once (SERVFAIL here, stale where the cache has
+/// Every upstream black-holed, with the clients pods really use: the outage's first lookups (one
+/// name, or two names at once as two pods ask them) wait out the query budget while their tries
+/// time out; tries for two names unanswered, or for one name over a whole budget, make the group
+/// known down, and from then on every query is answered at once (SERVFAIL here, stale where the cache has
 /// it), while probes test the upstream in the background. glibc (getent) and Go's own resolver
 /// then fail over within 1 s, and busybox nslookup (Alpine pods; it takes a SERVFAIL only after
 /// asking again) within its own 5 s budget.
@@ -446,79 +446,85 @@ fn tcp_clients_piling_on_a_silent_tcp_upstream_cannot_starve_the_process_of_desc
 fn real_clients_fail_fast_once_every_upstream_is_known_down() {
     let dir = TempDir::new("go");
     let go = go_resolver(dir.path());
-    let rig = Rig::namespaces()
-        .upstream(Mode::Silent)
-        .tools(&["getent", "busybox", "go"])
-        .start();
-    let ns = rig.node_ns();
-    ns.set_resolv_conf("nameserver 169.254.10.11\noptions timeout:5 attempts:1\n");
-    let firsts = std::thread::scope(|s| {
-        let ask = |name: &'static str| s.spawn(|| rig.dig(rig.cluster, &[name, "A"]));
-        let (a, b) = (ask("first.example"), ask("second.example"));
-        [a.join().expect("dig"), b.join().expect("dig")]
-    });
-    for first in &firsts {
-        assert_eq!(first.status, "SERVFAIL", "{}", first.raw);
+    // The outage starts with one name (its tries unanswered for a whole query budget), or with
+    // two names at once (two pods, or one pod's search-path expansion).
+    let starts: [&[&str]; 2] = [&["first.example"], &["first.example", "second.example"]];
+    for first_names in starts {
+        let case = format!("{} name(s) first", first_names.len());
+        let rig = Rig::namespaces()
+            .upstream(Mode::Silent)
+            .tools(&["getent", "busybox", "go"])
+            .start();
+        let ns = rig.node_ns();
+        ns.set_resolv_conf("nameserver 169.254.10.11\noptions timeout:5 attempts:1\n");
+        let firsts: Vec<DigResult> = std::thread::scope(|s| {
+            let asks: Vec<_> = first_names
+                .iter()
+                .map(|name| s.spawn(|| rig.dig(rig.cluster, &[name, "A"])))
+                .collect();
+            asks.into_iter().map(|a| a.join().expect("dig")).collect()
+        });
+        for first in &firsts {
+            assert_eq!(first.status, "SERVFAIL", "{}", first.raw);
+            assert!(
+                first.elapsed < Duration::from_secs(4),
+                "the outage's first lookups: SERVFAIL only after {:?}",
+                first.elapsed
+            );
+        }
+        let took: Vec<Duration> = firsts.iter().map(|f| f.elapsed).collect();
+        eprintln!("{case}: the outage's first lookups {first_names:?}: SERVFAIL after {took:?}");
+
+        let started = Instant::now();
+        assert_eq!(getent_hosts(ns, "glibc.example"), None);
+        let glibc = started.elapsed();
+        let started = Instant::now();
+        let out = ns
+            .exec(
+                "busybox",
+                ["nslookup", "-type=a", "busybox.example", "169.254.10.11"],
+            )
+            .output()
+            .expect("run busybox");
+        let busybox = started.elapsed();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let started = Instant::now();
+        let gone = ns
+            .exec(&go, ["go.example"])
+            .output()
+            .expect("run the Go resolver");
+        let golang = started.elapsed();
+        assert!(!gone.status.success(), "Go resolved a black-holed name");
+        let dig = rig.dig(rig.cluster, &["dig.example", "A"]);
+        eprintln!(
+            "{case}: once known down: glibc failed over in {glibc:?}, busybox in {busybox:?}, Go in {golang:?}, dig SERVFAIL in {:?}",
+            dig.elapsed
+        );
+        assert!(golang < Duration::from_secs(1), "Go waited {golang:?}");
+        assert!(glibc < Duration::from_secs(1), "glibc waited {glibc:?}");
         assert!(
-            first.elapsed < Duration::from_secs(4),
-            "the outage's first lookups: SERVFAIL only after {:?}",
-            first.elapsed
+            busybox < Duration::from_secs(5),
+            "busybox waited {busybox:?}:\n{text}"
+        );
+        assert!(
+            text.contains("SERVFAIL")
+                || text.contains("server failure")
+                || text.contains("Server failure"),
+            "busybox got no SERVFAIL:\n{text}"
+        );
+        assert_eq!(dig.status, "SERVFAIL", "{}", dig.raw);
+        assert!(
+            dig.elapsed < Duration::from_millis(500),
+            "dig waited {:?}",
+            dig.elapsed
+        );
+        assert!(
+            rig.responder(0).queries() > 3,
+            "probes kept testing the upstream in the background"
         );
     }
-    eprintln!(
-        "the outage's first lookups (two names at once): SERVFAIL after {:?} and {:?}",
-        firsts[0].elapsed, firsts[1].elapsed
-    );
-
-    let started = Instant::now();
-    assert_eq!(getent_hosts(ns, "glibc.example"), None);
-    let glibc = started.elapsed();
-    let started = Instant::now();
-    let out = ns
-        .exec(
-            "busybox",
-            ["nslookup", "-type=a", "busybox.example", "169.254.10.11"],
-        )
-        .output()
-        .expect("run busybox");
-    let busybox = started.elapsed();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let started = Instant::now();
-    let gone = ns
-        .exec(&go, ["go.example"])
-        .output()
-        .expect("run the Go resolver");
-    let golang = started.elapsed();
-    assert!(!gone.status.success(), "Go resolved a black-holed name");
-    let dig = rig.dig(rig.cluster, &["dig.example", "A"]);
-    eprintln!(
-        "once known down: glibc failed over in {glibc:?}, busybox in {busybox:?}, Go in {golang:?}, dig SERVFAIL in {:?}",
-        dig.elapsed
-    );
-    assert!(golang < Duration::from_secs(1), "Go waited {golang:?}");
-    assert!(glibc < Duration::from_secs(1), "glibc waited {glibc:?}");
-    assert!(
-        busybox < Duration::from_secs(5),
-        "busybox waited {busybox:?}:\n{text}"
-    );
-    assert!(
-        text.contains("SERVFAIL")
-            || text.contains("server failure")
-            || text.contains("Server failure"),
-        "busybox got no SERVFAIL:\n{text}"
-    );
-    assert_eq!(dig.status, "SERVFAIL", "{}", dig.raw);
-    assert!(
-        dig.elapsed < Duration::from_millis(500),
-        "dig waited {:?}",
-        dig.elapsed
-    );
-    assert!(
-        rig.responder(0).queries() > 3,
-        "probes kept testing the upstream in the background"
-    );
 }
