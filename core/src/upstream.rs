@@ -17,8 +17,11 @@
 //! reply of any kind, tries for two different names went unanswered for their whole time (or
 //! tries for one name, for a whole query budget), the latest judged within `SILENCE_COUNTS`. Silence counts only for tries sent, so a quiet listener
 //! never makes a healthy upstream look dead; and it takes two names, so one name that the
-//! upstream is slow to resolve (its own recursion takes over a second) does not fail the others
-//! (that name's own repeats are the resolution-failure cache's business).
+//! upstream is slow to resolve (over a second, within the query budget) does not fail the others
+//! (that name's own repeats are the resolution-failure cache's business). One name unanswered
+//! for a whole budget is enough: a lone client in an outage asks one name at a time. The price:
+//! after one name the upstream takes longer than the whole budget to answer, with nothing else
+//! heard, the next name is answered at once until a probe is answered.
 //!
 //! Nothing here logs or reads the clock after creation: callers pass `now` and learn of changes
 //! from the return values.
