@@ -99,6 +99,10 @@ pub struct Engine {
     slots: Vec<Slot>,
     free: Vec<u32>,
     inflight: usize,
+    /// Of those, per group (`UpstreamGroup as usize`): one group may hold at most three
+    /// quarters of `--max-inflight`, so a hung kube-dns behind a flood of cluster names on the
+    /// node listener leaves room for the VNet DNS's queries.
+    by_group: [usize; 2],
     /// Every try still awaited → (slot, generation).
     keys: Map<TryKey, (u32, u32)>,
     /// Tries still out whose queries are done.
@@ -147,6 +151,7 @@ impl Engine {
             slots: Vec::new(),
             free: Vec::new(),
             inflight: 0,
+            by_group: [0; 2],
             keys: Map::with_hasher(hasher.clone()),
             orphans: Map::with_hasher(hasher.clone()),
             orphan_timers: BinaryHeap::new(),
@@ -192,6 +197,12 @@ impl Engine {
 
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+
+    /// Can a query of `group` go in flight (see `by_group`)?
+    fn room_for(&self, group: UpstreamGroup) -> bool {
+        let max = self.settings.max_inflight;
+        self.inflight < max && self.by_group[group as usize] < max - max / 4
     }
 
     /// When [`Engine::handle_timeout`] must next be called.
@@ -306,7 +317,7 @@ impl Engine {
         }
         let upstreams = self.upstreams.get(group);
         // Shed load with an explicit REFUSED: the client learns at once and memory stays flat.
-        let shed = self.inflight >= self.settings.max_inflight;
+        let shed = !self.room_for(group);
         if shed || upstreams.is_empty() {
             let code = if shed {
                 self.stats.shed.fetch_add(1, RELAXED);
@@ -371,7 +382,7 @@ impl Engine {
         group: UpstreamGroup,
         transport: Transport,
     ) {
-        if self.inflight < self.settings.max_inflight {
+        if self.room_for(group) {
             self.start(now, None, packet, q, key, group, transport, false);
         }
     }

@@ -182,6 +182,7 @@ impl Engine {
 
     pub(super) fn allocate(&mut self, pending: Pending) -> u32 {
         self.inflight += 1;
+        self.by_group[pending.group as usize] += 1;
         if let Some(slot) = self.free.pop() {
             self.slots[slot as usize].pending = Some(pending);
             return slot;
@@ -237,6 +238,7 @@ impl Engine {
         }
         self.free.push(slot);
         self.inflight -= 1;
+        self.by_group[pending.group as usize] -= 1;
         Some(pending)
     }
 

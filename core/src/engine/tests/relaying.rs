@@ -196,6 +196,38 @@ fn sheds_with_refused_above_the_cap_and_servfails_without_upstreams() {
 }
 
 #[test]
+fn a_flood_of_one_group_leaves_room_for_the_other_on_the_node_listener() {
+    for transport in BOTH {
+        let mut rig = Rig::with(
+            transport,
+            ListenerRole::Node,
+            vec![up(1)],
+            vec![up(2)],
+            |s| s.max_inflight = 8,
+        );
+        // Cluster names to a kube-dns that never answers, as many as the cap: three quarters go
+        // in flight, the rest are shed.
+        for i in 0..8 {
+            let name = format!("n{i}.svc.cluster.local");
+            rig.query(&query(i, &name, None), 0);
+        }
+        let shed = rig.to_client();
+        assert_eq!(shed.len(), 2, "{transport:?}");
+        assert!(shed.iter().all(|r| wire::rcode(r) == rcode::REFUSED));
+        // The VNet DNS's names still go upstream and are answered.
+        assert_eq!(
+            rig.query(&query(100, "example.com", None), 1),
+            Outcome::Waiting
+        );
+        let (leg, sent) = rig.last_upstream();
+        assert_eq!(leg.to, up(1));
+        rig.reply_at(leg, answer(&sent, 60), leg.to, 2);
+        let last = rig.to_client().pop().unwrap();
+        assert_eq!((wire::id(&last), wire::rcode(&last)), (100, rcode::NOERROR));
+    }
+}
+
+#[test]
 fn ids_spread_over_sockets_and_values() {
     let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
     for i in 0..200 {
