@@ -14,9 +14,11 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::engine::route::HEALTH_CHECK;
@@ -35,6 +37,12 @@ pub const WAIT: Duration = Duration::from_millis(120);
 pub struct OwnProbes {
     ports: Vec<u16>,
     hosts: Vec<IpAddr>,
+    /// Set while LocalDNS holds the flows (see `standby`): a pod's query that reaches us then
+    /// says the steering points at our socket, as it does once a LocalDNS restart has moved us
+    /// into the index its closed socket left.
+    aside: AtomicBool,
+    /// Told when such a query arrives; the standby then points the steering away again.
+    pub strayed: Notify,
 }
 
 impl OwnProbes {
@@ -42,6 +50,19 @@ impl OwnProbes {
         OwnProbes {
             ports,
             hosts: listeners.iter().map(SocketAddr::ip).collect(),
+            ..OwnProbes::default()
+        }
+    }
+
+    /// Whether LocalDNS holds the flows (queries reaching us are then strays).
+    pub fn set_aside(&self, aside: bool) {
+        self.aside.store(aside, Ordering::Relaxed);
+    }
+
+    /// A pod's query reached us: a stray while LocalDNS holds the flows.
+    pub fn reached_us(&self) {
+        if self.aside.load(Ordering::Relaxed) {
+            self.strayed.notify_one();
         }
     }
 

@@ -274,3 +274,63 @@ fn standby_serves_at_once_where_no_localdns_is_bound() {
     let status = f.wait_exit(Duration::from_secs(5)).expect("exits");
     assert!(status.success(), "{status}:\n{}", f.logs());
 }
+
+/// LocalDNS restarting quickly beside the standby (its sockets close, new ones join at once)
+/// makes the kernel move the standby's sockets into the indices LocalDNS's left, where the
+/// steering points: pods' queries must still go to LocalDNS. Queries sent while a restart is under
+/// way (no LocalDNS socket, or one not yet bound) may be answered by the standby; of those sent
+/// while a LocalDNS is bound, only the one per listener that shows the steering went stale.
+#[test]
+fn standby_takes_no_flow_across_quick_localdns_restarts() {
+    const RESTARTS: usize = 5;
+    let (topo, up, _r) = node();
+    let mut localdns = LocalDnsStandIn::start(&topo.node);
+    let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
+    assert!(
+        f.wait_for_log("standing by", Duration::from_secs(10)),
+        "{}",
+        f.logs()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let asking = ask_for(
+        &topo.node,
+        Duration::from_millis(400 * (RESTARTS as u64 + 1)),
+    );
+    let mut restarts = Vec::new();
+    for _ in 0..RESTARTS {
+        std::thread::sleep(Duration::from_millis(400));
+        let from = Instant::now();
+        drop(localdns);
+        localdns = LocalDnsStandIn::start(&topo.node);
+        restarts.push(from..Instant::now());
+    }
+    let samples = asking.join().unwrap();
+    let logs = f.logs();
+    let restarting = |t: Instant| restarts.iter().any(|r| r.contains(&t));
+    let count = |who: Who, during: bool| {
+        samples
+            .iter()
+            .filter(|s| s.1 == who && restarting(s.0) == during)
+            .count()
+    };
+    let (taken, taken_in_gaps) = (count(Who::Fallback, false), count(Who::Fallback, true));
+    let (lost, lost_in_gaps) = (count(Who::Nobody, false), count(Who::Nobody, true));
+    let gaps: Vec<Duration> = restarts.iter().map(|r| r.end - r.start).collect();
+    eprintln!(
+        "{} queries across {RESTARTS} LocalDNS restarts (gaps {gaps:?}): {taken} answered by the \
+         standby while LocalDNS was bound ({taken_in_gaps} during the restarts), {lost} lost \
+         ({lost_in_gaps} during the restarts)",
+        samples.len()
+    );
+    // The first stray query on each listener is what tells the standby its steering went stale
+    // (it answers it, then re-points, which takes a few milliseconds; another query may land
+    // meanwhile): a handful in all the restarts, where it was 149 of 930 before re-pointing.
+    assert!(
+        taken <= 8,
+        "the standby answered {taken} queries while LocalDNS was bound:\n{logs}"
+    );
+    assert!(
+        !logs.contains("serving its listeners"),
+        "the standby took the flows from a LocalDNS that answers:\n{logs}"
+    );
+}

@@ -99,6 +99,39 @@ impl Steering {
         }
     }
 
+    /// Points each group's flows at the members other than us again, with our place and the
+    /// group's size read afresh: standing by, a LocalDNS restart (its socket closes, a new one
+    /// joins) moves us into the index its closed socket left, where the program still points.
+    /// Alone in a group, the program points at the next member to join (the kernel hashes to us
+    /// until one does). Where our place is no longer known the program is left as it is.
+    pub fn stand_aside(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
+        if self.addr.port() == 0 {
+            return Ok(());
+        }
+        let addr = self.addr;
+        for (slot, fd, proto) in [
+            (&mut self.udp, udp, Proto::Udp),
+            (&mut self.tcp, tcp, Proto::Tcp),
+        ] {
+            let now = group_members(addr, proto)?;
+            let members = now.len() as u32;
+            let before = slot.index();
+            slot.update(&now);
+            match slot.index() {
+                Some(ours) => {
+                    if before != Some(ours) {
+                        tracing::info!(%addr, ?proto, index = ours, members, "our place in the port's group moved; flows stay with LocalDNS");
+                    }
+                    steer_away(fd, ours, members.max(ours + 1).max(2))?;
+                }
+                None => {
+                    tracing::warn!(%addr, ?proto, "our place in the port's group is no longer known; steering left as it is")
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Detaches the steering program from both groups: plain SO_REUSEPORT sharing again. Call
     /// it right before closing our sockets (the program belongs to the group and would outlive
     /// us, picking whichever socket then holds our index).
@@ -165,6 +198,16 @@ impl Held {
                 tracing::warn!(addr = %self.steering.addr, error = %e, "cannot take the flows back");
                 false
             }
+        }
+    }
+
+    /// Flows to the other members again, standing by (see [`Steering::stand_aside`]).
+    pub fn stand_aside(&mut self) {
+        if let Err(e) = self
+            .steering
+            .stand_aside(self.udp.as_fd(), self.tcp.as_fd())
+        {
+            tracing::warn!(addr = %self.steering.addr, error = %e, "cannot point the flows away from us");
         }
     }
 

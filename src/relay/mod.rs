@@ -228,6 +228,7 @@ pub fn run(relay: Relay) {
                         let now = Instant::now();
                         for (packet, from) in batch.with_senders() {
                             if let Some(from) = from.filter(|&f| !own_probes.sent(f)) {
+                                own_probes.reached_us();
                                 engine.handle_query(now, Client::Udp(from), packet);
                             }
                         }

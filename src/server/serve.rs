@@ -47,10 +47,10 @@ pub async fn serve(
         return Ok(());
     }
     let (prober, own_probes) = standby::begin(&config, localdns_serves)?;
-    let running = Running::start(config, prepared, own_probes).await?;
+    let running = Running::start(config, prepared, own_probes.clone()).await?;
     tokio::select! {
         () = shutdown => {}
-        () = standby::stand_by(prober, running.held.clone(), running.config.clone(), running.counters.clone(), localdns_serves) => {}
+        () = standby::stand_by(prober, own_probes, running.held.clone(), running.config.clone(), running.counters.clone(), localdns_serves) => {}
     }
     running.stop().await;
     Ok(())

@@ -97,6 +97,7 @@ enum Holder {
 /// Runs until dropped: asks LocalDNS every `probe::EVERY` and moves the flows.
 pub async fn stand_by(
     mut prober: Prober,
+    own: Arc<OwnProbes>,
     held: Arc<Mutex<Vec<Held>>>,
     config: Arc<Config>,
     counters: Arc<Counters>,
@@ -107,6 +108,7 @@ pub async fn stand_by(
     } else {
         Holder::Us
     };
+    own.set_aside(holder == Holder::LocalDns);
     if holder == Holder::Us {
         take(&held, &config, "LocalDNS does not answer");
         counters
@@ -140,6 +142,7 @@ pub async fn stand_by(
                 prober.ask(probe::WAIT).await
             } => Some(seen),
             () = addresses_gone(&config, &changes), if watching => None,
+            never = keep_aside(&held, &own), if watching => match never {},
         };
         let Some(seen) = seen else {
             take(
@@ -150,6 +153,7 @@ pub async fn stand_by(
             counters
                 .takeovers
                 .took_over(TakeoverCause::AddressesGone, SystemTime::now());
+            own.set_aside(false);
             holder = Holder::Us;
             (silent, answered) = (0, 0);
             continue;
@@ -161,6 +165,7 @@ pub async fn stand_by(
                 if holder == Holder::Us && answered >= ROUNDS_TO_ACT {
                     if give_back(&held, &config) {
                         counters.takeovers.handed_back(SystemTime::now());
+                        own.set_aside(true);
                         holder = Holder::LocalDns;
                         said_stuck = false;
                     } else if !said_stuck {
@@ -179,6 +184,7 @@ pub async fn stand_by(
                     counters
                         .takeovers
                         .took_over(TakeoverCause::SilentProbe, SystemTime::now());
+                    own.set_aside(false);
                     holder = Holder::Us;
                 } else if holder == Holder::LocalDns {
                     // Asked again at once: the takeover is due within 0.5 s of the silence.
@@ -194,6 +200,23 @@ pub async fn stand_by(
                 }
             }
         }
+    }
+}
+
+/// The least time between two re-pointings of the steering on strays: a LocalDNS that is gone
+/// (not yet noticed) leaves us alone in the groups, where every query is a stray.
+const STRAY_PAUSE: Duration = Duration::from_millis(2);
+
+/// While LocalDNS holds the flows: each time a pod's query reaches us (a LocalDNS restart moved
+/// us into the index the steering picks), the steering is pointed away from us again, from the
+/// groups as they are now. That query is still answered; the next ones go to LocalDNS.
+async fn keep_aside(held: &Mutex<Vec<Held>>, own: &OwnProbes) -> std::convert::Infallible {
+    loop {
+        own.strayed.notified().await;
+        for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+            h.stand_aside();
+        }
+        tokio::time::sleep(STRAY_PAUSE).await;
     }
 }
 
