@@ -67,9 +67,13 @@ fn standin() -> PathBuf {
             if out.exists() {
                 return out;
             }
-            // Built under a temporary name and renamed: parallel test processes never run a
-            // half-written binary.
-            let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+            // Built in a directory of this process's own and renamed: parallel test processes
+            // never run a half-written binary, and never share rustc's intermediate objects
+            // (named after the output's stem, so two builds to one directory overwrite each
+            // other's and the link finds no `main`).
+            let dir = out.with_extension(format!("build{}", std::process::id()));
+            fs::create_dir_all(&dir).unwrap();
+            let tmp = dir.join("standin");
             let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
             let built = Command::new(&rustc)
                 .args(["--edition", "2021", "-O", "-o"])
@@ -84,6 +88,7 @@ fn standin() -> PathBuf {
                 String::from_utf8_lossy(&built.stderr)
             );
             fs::rename(&tmp, &out).unwrap();
+            let _ = fs::remove_dir_all(&dir);
             out
         })
         .clone()
