@@ -447,6 +447,44 @@ fn the_package_wires_each_kind_of_node_image_as_it_is_and_passes_the_check() {
             "{version}"
         );
 
+        // An upgrade (dpkg -i over the installed package: the postinst's $2 is the old version)
+        // wires again as before, and keeps an administrator's `systemctl disable` of the standby.
+        root.dpkg_install(&deb);
+        assert_eq!(
+            has(DROPIN),
+            !lines,
+            "{image:?}: the drop-in after an upgrade"
+        );
+        assert_eq!(
+            has(STANDBY_LINK),
+            lines,
+            "{image:?}: the standby after an upgrade"
+        );
+        if lines {
+            root.sh("rm \"$ROOT/$1\"", &[STANDBY_LINK]).assert_ok();
+            root.dpkg_install(&deb);
+            assert!(
+                !has(STANDBY_LINK),
+                "an upgrade enabled the disabled standby again"
+            );
+            root.check().assert_fails_naming("standby not enabled");
+            root.install_sh(&["--check", "--wiring", "on-failure"])
+                .assert_ok();
+            // The drop-in chosen by hand on such a node stays its wiring through an upgrade.
+            root.sh(
+                "chroot \"$ROOT\" /usr/share/localdns-fallback/install.sh --no-start --wiring drop-in",
+                &[],
+            )
+            .assert_ok();
+            root.dpkg_install(&deb);
+            assert!(
+                has(DROPIN),
+                "an upgrade took the drop-in chosen by hand away"
+            );
+            root.install_sh(&["--check", "--wiring", "drop-in"])
+                .assert_ok();
+        }
+
         // Purging takes every file back out, the postinst's too (the units are conffiles, so
         // --remove alone keeps them).
         root.sh("dpkg --root=\"$ROOT\" --purge localdns-fallback", &[])

@@ -15,6 +15,8 @@
 #                        and takes over within 0.5 s of it going silent (with on-failure).
 # --root works on another root file system (an image being built, a test container). --no-start
 # enables the standby unit without starting it (the package's postinst: nothing starts at install).
+# --upgrade (the postinst on an upgrade) keeps what was chosen since: a drop-in in place stays the
+# wiring, and a standby whose enablement is gone (`systemctl disable`) stays disabled.
 #
 # The Debian package ships this script as /usr/share/localdns-fallback/install.sh, beside the
 # drop-in (localdns.service.d/, inactive there), and runs it from its maintainer scripts
@@ -77,6 +79,7 @@ action=install
 wiring=auto
 standby=""
 no_start=""
+upgrade=""
 # Run from the package (no units beside the script): see the top.
 packaged=""
 [[ -f $here/localdns-fallback.service ]] || packaged=1
@@ -93,6 +96,7 @@ while (($#)); do
             ;;
         --standby) standby=1 ;;
         --no-start) no_start=1 ;;
+        --upgrade) upgrade=1 ;;
         *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -305,8 +309,12 @@ check() {
 # and the standby unit beside it (the shortest dark time in every phase measured, and the only
 # wiring that covers a hung LocalDNS); any other gets our drop-in.
 if [[ $wiring == auto ]]; then
-    if [[ -n $(localdns_unit) && -z $(wiring=on-failure; on_failure_mismatch) ]]; then
-        wiring=on-failure standby=1
+    if [[ -n $upgrade && -e $root/$dropin ]]; then
+        wiring=drop-in
+    elif [[ -n $(localdns_unit) && -z $(wiring=on-failure; on_failure_mismatch) ]]; then
+        wiring=on-failure
+        # An administrator's `systemctl disable` outlives an upgrade (as deb-systemd-helper keeps it).
+        [[ -n $upgrade && ! -L $root/$standby_link ]] || standby=1
     else
         wiring=drop-in
     fi
