@@ -1,7 +1,7 @@
 //! Sharing LocalDNS's ports and handing them back, in network namespaces:
 //! - the steering program keeps every new flow on the fallback's sockets while it serves, even
 //!   when a socket bound later (a LocalDNS that is starting) or earlier (an orphaned CoreDNS)
-//!   shares the SO_REUSEPORT group; after `hand_over` new flows go to the other member, what the
+//!   shares the SO_REUSEPORT group; after `stand_aside` new flows go to the other member, what the
 //!   fallback had queued is still there to answer; after `release` the group shares again;
 //! - the listener addresses on `lo` keep the daemon answering while LocalDNS deletes and
 //!   recreates its link, and the fallback never makes that link itself;
@@ -98,7 +98,7 @@ fn accepted(l: &std::net::TcpListener) -> usize {
 fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() {
     let ns = node();
     ns.enter(|| {
-        let ours = bind_ours();
+        let mut ours = bind_ours();
         assert_eq!(
             (ours.steering.udp_slot(), ours.steering.tcp_slot()),
             (Some(0), Some(0))
@@ -126,7 +126,7 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
         send_flows(50, 2);
         let handed = ours
             .steering
-            .hand_over(ours.udp.as_fd(), our_tcp.as_fd())
+            .stand_aside(ours.udp.as_fd(), our_tcp.as_fd())
             .unwrap();
         assert!(handed, "LocalDNS is in both groups");
         send_flows(200, 3);
@@ -206,6 +206,38 @@ fn when_the_orphan_exits_the_steering_follows_our_new_place() {
         );
         assert!(drain_udp(&ld_udp).is_empty());
         assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (20, 0));
+    });
+}
+
+#[test]
+fn a_localdns_restarted_since_our_last_look_gets_the_flows_at_the_hand_over() {
+    // A hung LocalDNS's socket (index 0) when we bound (index 1); it closes and the kernel moves
+    // us into index 0; the restarted LocalDNS joins at 1; no `follow` ran between (it runs every
+    // 100 ms). Handing over with the place known before would point the flows at index 0: us.
+    let ns = node();
+    ns.enter(|| {
+        let (old_udp, old_tcp) = bind_coredns();
+        let mut ours = bind_ours();
+        assert_eq!(ours.steering.udp_slot(), Some(1));
+        ours.udp.set_nonblocking(true).unwrap();
+        let our_tcp = ours.tcp;
+        our_tcp.set_nonblocking(true).unwrap();
+        drop((old_udp, old_tcp));
+        let (ld_udp, ld_tcp) = bind_coredns();
+        let handed = ours
+            .steering
+            .stand_aside(ours.udp.as_fd(), our_tcp.as_fd())
+            .unwrap();
+        assert!(handed, "the restarted LocalDNS is in both groups");
+        assert_eq!(
+            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (Some(0), Some(0))
+        );
+        send_flows(200, 1);
+        let _c = connect_flows(20);
+        assert!(drain_udp(&ours.udp).is_empty(), "a flow stayed with us");
+        assert_eq!(drain_udp(&ld_udp).len(), 200);
+        assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (0, 20));
     });
 }
 

@@ -61,22 +61,6 @@ impl Steering {
         Ok(())
     }
 
-    /// Sends new flows to the other members of each group (LocalDNS, once it is ready) and no
-    /// longer to us, so that what we still have can be answered before we close. With no other
-    /// member (LocalDNS not bound) flows stay on our sockets. True if both groups were handed
-    /// over.
-    pub fn hand_over(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<bool> {
-        let mut handed = true;
-        for (fd, slot, proto) in [(udp, &self.udp, Proto::Udp), (tcp, &self.tcp, Proto::Tcp)] {
-            let members = group_members(self.addr, proto)?.len() as u32;
-            match slot.index() {
-                Some(ours) if members > 1 => steer_away(fd, ours, members)?,
-                _ => handed = false,
-            }
-        }
-        Ok(handed)
-    }
-
     /// See [`Held::take`]. A port that is not shared (port 0) has nothing to steer.
     pub fn take(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
         if self.addr.port() == 0 {
@@ -99,16 +83,19 @@ impl Steering {
         }
     }
 
-    /// Points each group's flows at the members other than us again, with our place and the
-    /// group's size read afresh: standing by, a LocalDNS restart (its socket closes, a new one
-    /// joins) moves us into the index its closed socket left, where the program still points.
-    /// Alone in a group, the program points at the next member to join (the kernel hashes to us
-    /// until one does). Where our place is no longer known the program is left as it is.
-    pub fn stand_aside(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
+    /// Sends new flows to the other members of each group (LocalDNS, once it is ready) and no
+    /// longer to us, so that what we still have can be answered before we close; true if both
+    /// groups have another member to take them. Our place and the group's size are read afresh:
+    /// a LocalDNS restart (its socket closes, a new one joins) moves us into the index its closed
+    /// socket left, where a program made from what we knew before would point. Alone in a group,
+    /// the program points at the next member to join (the kernel hashes to us until one does).
+    /// Where our place is no longer known the program is left as it is.
+    pub fn stand_aside(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<bool> {
         if self.addr.port() == 0 {
-            return Ok(());
+            return Ok(false);
         }
         let addr = self.addr;
+        let mut handed = true;
         for (slot, fd, proto) in [
             (&mut self.udp, udp, Proto::Udp),
             (&mut self.tcp, tcp, Proto::Tcp),
@@ -117,6 +104,7 @@ impl Steering {
             let members = now.len() as u32;
             let before = slot.index();
             slot.update(&now);
+            handed &= members > 1 && slot.index().is_some();
             match slot.index() {
                 Some(ours) => {
                     if before != Some(ours) {
@@ -129,7 +117,7 @@ impl Steering {
                 }
             }
         }
-        Ok(())
+        Ok(handed)
     }
 
     /// Detaches the steering program from both groups: plain SO_REUSEPORT sharing again. Call
@@ -169,8 +157,11 @@ impl Held {
     }
 
     /// New flows to LocalDNS; true if it took both groups' (LocalDNS bound and joined).
-    pub fn hand_over(&self) -> bool {
-        match self.steering.hand_over(self.udp.as_fd(), self.tcp.as_fd()) {
+    pub fn hand_over(&mut self) -> bool {
+        match self
+            .steering
+            .stand_aside(self.udp.as_fd(), self.tcp.as_fd())
+        {
             Ok(handed) => handed,
             Err(e) => {
                 tracing::warn!(addr = %self.steering.addr, error = %e, "cannot hand flows over");
@@ -181,8 +172,8 @@ impl Held {
 
     /// New flows to LocalDNS on every listener (none skipped when one fails); true if all of
     /// them were handed over.
-    pub fn hand_over_all(held: &[Held]) -> bool {
-        held.iter()
+    pub fn hand_over_all(held: &mut [Held]) -> bool {
+        held.iter_mut()
             .map(Held::hand_over)
             .fold(true, |all, handed| all & handed)
     }

@@ -231,9 +231,9 @@ impl Running {
         }
         // New flows to LocalDNS first (when it has joined our ports): the relay threads then
         // answer what already reached us before they close.
-        let held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
         // The drain needs every listener handed over.
-        let handed = Held::hand_over_all(&held);
+        let handed = Held::hand_over_all(&mut held);
         if handed {
             counters.takeovers.handed_back(std::time::SystemTime::now());
             tracing::info!("stopping: new flows go to LocalDNS; answering what we have");

@@ -248,7 +248,7 @@ fn refresh(held: &Mutex<Vec<Held>>) {
 /// True once new flows go to LocalDNS; false if it has no socket in our ports' groups (then we
 /// keep serving, and the listener addresses stay on lo).
 fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
-    let handed = Held::hand_over_all(&held.lock().unwrap_or_else(|p| p.into_inner()));
+    let handed = Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
     if !handed {
         refresh(held);
         return false;
