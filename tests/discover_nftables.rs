@@ -194,7 +194,8 @@ fn no_kube_dns() {
     assert_eq!(ns.discover_family("ip"), KubeDns::default());
 }
 
-/// A big cluster's table: 10,000 services with an endpoint each, kube-dns in the middle.
+/// A big cluster's table: 10,000 services with an endpoint each, kube-dns in the middle. (It runs
+/// alone: .config/nextest.toml says why.)
 #[test]
 fn ten_thousand_services() {
     let ns = Netns::new();
