@@ -19,8 +19,6 @@ use nix::sys::socket::{
     self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
 };
 
-pub const LINK_NAME: &str = "localdns";
-
 const RTM_NEWADDR: u16 = 20;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;

@@ -48,14 +48,6 @@ impl UpstreamGroup {
         }
     }
 
-    /// How a person calls it in a log line.
-    pub fn title(self) -> &'static str {
-        match self {
-            UpstreamGroup::VnetDns => "VNet DNS",
-            UpstreamGroup::KubeDns => "kube-dns",
-        }
-    }
-
     pub fn index(self) -> usize {
         self as usize
     }

@@ -37,10 +37,6 @@ impl Histogram {
         self.count.fetch_add(1, Relaxed);
         self.sum_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
     }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Relaxed)
-    }
 }
 
 /// What one upstream server has seen; kept across upstream-set changes so counters only grow.

@@ -473,13 +473,6 @@ impl UpstreamSet {
     pub fn is_suspect(&self, addr: SocketAddr) -> bool {
         self.index(addr).is_some_and(|i| self.suspect(i))
     }
-
-    /// The smoothed RTT of `addr`, if it has answered yet.
-    pub fn srtt(&self, addr: SocketAddr) -> Option<Duration> {
-        let i = self.index(addr)?;
-        let us = self.health[i].srtt_us.load(Relaxed);
-        (us > 0).then(|| Duration::from_micros(u64::from(us)))
-    }
 }
 
 /// The sets in force for both groups; replaced whole when discovery finds a new set.

@@ -462,24 +462,8 @@ pub fn encode_name(name: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Is the wire name `name` equal to or below the lower-case wire name `zone`?
-pub fn name_is_under(name: &[u8], zone: &[u8]) -> bool {
-    let mut at = 0;
-    loop {
-        if name.len() - at == zone.len() && name[at..].eq_ignore_ascii_case(zone) {
-            return true;
-        }
-        match name.get(at) {
-            Some(&len) if len != 0 => at += 1 + len as usize,
-            _ => return false,
-        }
-        if at > name.len() {
-            return false;
-        }
-    }
-}
-
-/// Counts the labels of `name` in front of `zone`, if `name` is below `zone`.
+/// Counts the labels of `name` in front of the lower-case wire name `zone`, if `name` is equal to
+/// or below `zone` (`is_some()`: whether it is).
 pub fn labels_below(name: &[u8], zone: &[u8]) -> Option<usize> {
     let mut at = 0;
     let mut labels = 0;
@@ -1045,15 +1029,13 @@ pub(crate) mod tests {
     fn zone_membership_is_by_whole_labels() {
         let zone = encode_name("cluster.local").unwrap();
         let name = |s: &str| encode_name(s).unwrap();
-        assert!(name_is_under(
-            &name("kubernetes.default.svc.cluster.local"),
-            &zone
-        ));
-        assert!(name_is_under(&name("CLUSTER.Local."), &zone));
-        assert!(!name_is_under(&name("notcluster.local"), &zone));
-        assert!(!name_is_under(&name("cluster.local.example.com"), &zone));
-        assert!(!name_is_under(&name("local"), &zone));
-        assert!(name_is_under(&name("anything"), &name(".")));
+        let under = |n: &[u8], z: &[u8]| labels_below(n, z).is_some();
+        assert!(under(&name("kubernetes.default.svc.cluster.local"), &zone));
+        assert!(under(&name("CLUSTER.Local."), &zone));
+        assert!(!under(&name("notcluster.local"), &zone));
+        assert!(!under(&name("cluster.local.example.com"), &zone));
+        assert!(!under(&name("local"), &zone));
+        assert!(under(&name("anything"), &name(".")));
         assert_eq!(
             labels_below(
                 &name("a.b.c.d.internal.cloudapp.net"),

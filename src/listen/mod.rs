@@ -18,6 +18,4 @@ mod bind;
 mod steer;
 
 pub use bind::{Bound, RECV_BUFFER, SEND_BUFFER, bind_listener, buffers};
-pub use steer::{
-    FlowsTo, Held, Proto, Slot, Steering, group_members, steer_away, steer_to, unsteer,
-};
+pub use steer::{FlowsTo, Held, Proto, Steering, group_members};

@@ -26,14 +26,14 @@ pub fn route(listener: ListenerRole, name: &[u8], cluster_domain: &[u8]) -> Rout
     }
     // Search-path expansion of names like `a.b.c.d` on Azure produces these; nothing real lives
     // there and the VNet DNS would be asked for each of them.
-    if wire::name_is_under(name, REDDOG)
+    if wire::labels_below(name, REDDOG).is_some()
         || wire::labels_below(name, CLOUDAPP_INTERNAL).is_some_and(|n| n >= 4)
     {
         return Route::Local(rcode::NXDOMAIN);
     }
     match listener {
         ListenerRole::Cluster => Route::Upstream(UpstreamGroup::KubeDns),
-        ListenerRole::Node if wire::name_is_under(name, cluster_domain) => {
+        ListenerRole::Node if wire::labels_below(name, cluster_domain).is_some() => {
             Route::Upstream(UpstreamGroup::KubeDns)
         }
         ListenerRole::Node => Route::Upstream(UpstreamGroup::VnetDns),

@@ -18,7 +18,6 @@ pub struct OptRecord {
 pub struct Layout {
     /// End of the question section (the header's end when there is none).
     pub question_end: usize,
-    pub counts: [u16; 4],
     /// The first OPT record of the additional section.
     pub opt: Option<OptRecord>,
     /// Additional records before that OPT record (all of them without one).
@@ -32,8 +31,7 @@ pub fn layout(p: &[u8]) -> Option<Layout> {
     if p.len() < HEADER_LEN {
         return None;
     }
-    let counts = counts(p);
-    let [qd, an, ns, ar] = counts.map(usize::from);
+    let [qd, an, ns, ar] = counts(p).map(usize::from);
     let mut at = HEADER_LEN;
     for _ in 0..qd {
         at = skip_name(p, at)? + 4;
@@ -61,7 +59,6 @@ pub fn layout(p: &[u8]) -> Option<Layout> {
     }
     Some(Layout {
         question_end,
-        counts,
         opt,
         additional_before_opt,
         records_end: at,
