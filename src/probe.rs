@@ -59,9 +59,13 @@ impl OwnProbes {
         self.aside.store(aside, Ordering::Relaxed);
     }
 
+    pub fn aside(&self) -> bool {
+        self.aside.load(Ordering::Relaxed)
+    }
+
     /// A pod's query reached us: a stray while LocalDNS holds the flows.
     pub fn reached_us(&self) {
-        if self.aside.load(Ordering::Relaxed) {
+        if self.aside() {
             self.strayed.notify_one();
         }
     }

@@ -35,7 +35,7 @@ fn node() -> Netns {
     ns
 }
 
-/// Our listener, bound the way the daemon binds it.
+/// Our listener, bound the way the daemon binds it (both sockets non-blocking).
 fn bind_ours() -> Bound {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -103,9 +103,7 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
             (ours.steering.udp_slot(), ours.steering.tcp_slot()),
             (Some(0), Some(0))
         );
-        ours.udp.set_nonblocking(true).unwrap();
         let our_tcp = ours.tcp;
-        our_tcp.set_nonblocking(true).unwrap();
         // LocalDNS starting beside us: bound, in the group.
         let (ld_udp, ld_tcp) = bind_coredns();
 
@@ -166,9 +164,7 @@ fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
             (Some(1), Some(1)),
             "joined after the orphan"
         );
-        ours.udp.set_nonblocking(true).unwrap();
         let our_tcp = ours.tcp;
-        our_tcp.set_nonblocking(true).unwrap();
         send_flows(200, 1);
         let _c = connect_flows(20);
         assert_eq!(drain_udp(&ours.udp).len(), 200);
@@ -185,9 +181,7 @@ fn when_the_orphan_exits_the_steering_follows_our_new_place() {
     ns.enter(|| {
         let (orphan_udp, orphan_tcp) = bind_coredns();
         let mut ours = bind_ours();
-        ours.udp.set_nonblocking(true).unwrap();
         let our_tcp = ours.tcp;
-        our_tcp.set_nonblocking(true).unwrap();
         drop((orphan_udp, orphan_tcp));
         ours.steering
             .follow(ours.udp.as_fd(), our_tcp.as_fd())
@@ -219,9 +213,7 @@ fn a_localdns_restarted_since_our_last_look_gets_the_flows_at_the_hand_over() {
         let (old_udp, old_tcp) = bind_coredns();
         let mut ours = bind_ours();
         assert_eq!(ours.steering.udp_slot(), Some(1));
-        ours.udp.set_nonblocking(true).unwrap();
         let our_tcp = ours.tcp;
-        our_tcp.set_nonblocking(true).unwrap();
         drop((old_udp, old_tcp));
         let (ld_udp, ld_tcp) = bind_coredns();
         let handed = ours

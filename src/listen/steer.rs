@@ -156,25 +156,11 @@ impl Held {
         }
     }
 
-    /// New flows to LocalDNS; true if it took both groups' (LocalDNS bound and joined).
-    pub fn hand_over(&mut self) -> bool {
-        match self
-            .steering
-            .stand_aside(self.udp.as_fd(), self.tcp.as_fd())
-        {
-            Ok(handed) => handed,
-            Err(e) => {
-                tracing::warn!(addr = %self.steering.addr, error = %e, "cannot hand flows over");
-                false
-            }
-        }
-    }
-
     /// New flows to LocalDNS on every listener (none skipped when one fails); true if all of
     /// them were handed over.
     pub fn hand_over_all(held: &mut [Held]) -> bool {
         held.iter_mut()
-            .map(Held::hand_over)
+            .map(Held::stand_aside)
             .fold(true, |all, handed| all & handed)
     }
 
@@ -192,13 +178,18 @@ impl Held {
         }
     }
 
-    /// Flows to the other members again, standing by (see [`Steering::stand_aside`]).
-    pub fn stand_aside(&mut self) {
-        if let Err(e) = self
+    /// New flows to the other members (LocalDNS), to hand over or to stand by; true if both
+    /// groups have one to take them (see [`Steering::stand_aside`]).
+    pub fn stand_aside(&mut self) -> bool {
+        match self
             .steering
             .stand_aside(self.udp.as_fd(), self.tcp.as_fd())
         {
-            tracing::warn!(addr = %self.steering.addr, error = %e, "cannot point the flows away from us");
+            Ok(handed) => handed,
+            Err(e) => {
+                tracing::warn!(addr = %self.steering.addr, error = %e, "cannot point the flows away from us");
+                false
+            }
         }
     }
 

@@ -87,14 +87,8 @@ pub fn begin(config: &Config, localdns_serves: bool) -> Result<(Prober, Arc<OwnP
     Ok((prober, own))
 }
 
-/// Who holds the flows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Holder {
-    LocalDns,
-    Us,
-}
-
-/// Runs until dropped: asks LocalDNS every `probe::EVERY` and moves the flows.
+/// Runs until dropped: asks LocalDNS every `probe::EVERY` and moves the flows. Who holds them is
+/// `own.aside()` (LocalDNS), which the relays read too.
 pub async fn stand_by(
     mut prober: Prober,
     own: Arc<OwnProbes>,
@@ -103,17 +97,15 @@ pub async fn stand_by(
     counters: Arc<Counters>,
     initially: bool,
 ) {
-    let mut holder = if initially {
-        Holder::LocalDns
-    } else {
-        Holder::Us
+    let take = |why, cause| {
+        hold_flows(&held, &config);
+        tracing::info!("{why}; serving its listeners");
+        counters.takeovers.took_over(cause, SystemTime::now());
+        own.set_aside(false);
     };
-    own.set_aside(holder == Holder::LocalDns);
-    if holder == Holder::Us {
-        take(&held, &config, "LocalDNS does not answer");
-        counters
-            .takeovers
-            .took_over(TakeoverCause::SilentProbe, SystemTime::now());
+    own.set_aside(initially);
+    if !initially {
+        take("LocalDNS does not answer", TakeoverCause::SilentProbe);
     }
     let changes = match link::address_changes() {
         // SAFETY: an OwnedFd is an open descriptor that stays the same until it is dropped,
@@ -134,7 +126,7 @@ pub async fn stand_by(
         // While LocalDNS holds the flows, its addresses are watched between and during rounds:
         // its script deletes its link when LocalDNS stops or fails, and nothing can answer there
         // until they are back, so there is nothing to ask first.
-        let watching = holder == Holder::LocalDns;
+        let watching = own.aside();
         let seen = tokio::select! {
             seen = async {
                 tokio::time::sleep_until(next).await;
@@ -146,15 +138,9 @@ pub async fn stand_by(
         };
         let Some(seen) = seen else {
             take(
-                &held,
-                &config,
                 "the listener addresses are gone with LocalDNS's link",
+                TakeoverCause::AddressesGone,
             );
-            counters
-                .takeovers
-                .took_over(TakeoverCause::AddressesGone, SystemTime::now());
-            own.set_aside(false);
-            holder = Holder::Us;
             (silent, answered) = (0, 0);
             continue;
         };
@@ -162,11 +148,10 @@ pub async fn stand_by(
             Seen::Serving => {
                 silent = 0;
                 answered += 1;
-                if holder == Holder::Us && answered >= ROUNDS_TO_ACT {
+                if !own.aside() && answered >= ROUNDS_TO_ACT {
                     if give_back(&held, &config) {
                         counters.takeovers.handed_back(SystemTime::now());
                         own.set_aside(true);
-                        holder = Holder::LocalDns;
                         said_stuck = false;
                     } else if !said_stuck {
                         tracing::warn!(
@@ -179,14 +164,12 @@ pub async fn stand_by(
             Seen::Silent => {
                 answered = 0;
                 silent += 1;
-                if holder == Holder::LocalDns && silent >= ROUNDS_TO_ACT {
-                    take(&held, &config, "LocalDNS stopped answering its probe");
-                    counters
-                        .takeovers
-                        .took_over(TakeoverCause::SilentProbe, SystemTime::now());
-                    own.set_aside(false);
-                    holder = Holder::Us;
-                } else if holder == Holder::LocalDns {
+                if own.aside() && silent >= ROUNDS_TO_ACT {
+                    take(
+                        "LocalDNS stopped answering its probe",
+                        TakeoverCause::SilentProbe,
+                    );
+                } else if own.aside() {
                     // Asked again at once: the takeover is due within 0.5 s of the silence.
                     next = tokio::time::Instant::now();
                 } else if silent % 4 == 0 {
@@ -218,11 +201,6 @@ async fn keep_aside(held: &Mutex<Vec<Held>>, own: &OwnProbes) -> std::convert::I
         }
         tokio::time::sleep(STRAY_PAUSE).await;
     }
-}
-
-fn take(held: &Mutex<Vec<Held>>, config: &Config, why: &str) {
-    hold_flows(held, config);
-    tracing::info!("{why}; serving its listeners");
 }
 
 /// Puts the listener addresses on lo and steers new flows to us, with our place in the groups

@@ -98,8 +98,7 @@ pub struct Engine {
     stats: Arc<ListenerStats>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    inflight: usize,
-    /// Of those, per group (`UpstreamGroup as usize`): one group may hold at most three
+    /// Queries in flight per group (`UpstreamGroup as usize`): one group may hold at most three
     /// quarters of `--max-inflight`, so a hung kube-dns behind a flood of cluster names on the
     /// node listener leaves room for the VNet DNS's queries.
     by_group: [usize; 2],
@@ -150,7 +149,6 @@ impl Engine {
             stats,
             slots: Vec::new(),
             free: Vec::new(),
-            inflight: 0,
             by_group: [0; 2],
             keys: Map::with_hasher(hasher.clone()),
             orphans: Map::with_hasher(hasher.clone()),
@@ -187,7 +185,7 @@ impl Engine {
     }
 
     pub fn inflight(&self) -> usize {
-        self.inflight
+        self.by_group.iter().sum()
     }
 
     /// The next transmit, until there are none.
@@ -202,7 +200,7 @@ impl Engine {
     /// Can a query of `group` go in flight (see `by_group`)?
     fn room_for(&self, group: UpstreamGroup) -> bool {
         let max = self.settings.max_inflight;
-        self.inflight < max && self.by_group[group as usize] < max - max / 4
+        self.inflight() < max && self.by_group[group as usize] < max - max / 4
     }
 
     /// When [`Engine::handle_timeout`] must next be called.

@@ -181,7 +181,6 @@ impl Engine {
     }
 
     pub(super) fn allocate(&mut self, pending: Pending) -> u32 {
-        self.inflight += 1;
         self.by_group[pending.group as usize] += 1;
         if let Some(slot) = self.free.pop() {
             self.slots[slot as usize].pending = Some(pending);
@@ -237,7 +236,6 @@ impl Engine {
             self.waiting[pending.transport as usize].remove(key);
         }
         self.free.push(slot);
-        self.inflight -= 1;
         self.by_group[pending.group as usize] -= 1;
         Some(pending)
     }
