@@ -101,8 +101,7 @@ impl ListenerStats {
 /// Why this process took LocalDNS's flows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TakeoverCause {
-    /// Started by systemd for a LocalDNS that failed or is being restarted (`OnFailure=`, the
-    /// drop-in's handoff script).
+    /// Started by systemd for a LocalDNS that failed (`OnFailure=`).
     LocalDnsFailed,
     /// The standby saw LocalDNS's listener addresses go (its link deleted).
     AddressesGone,

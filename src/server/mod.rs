@@ -28,16 +28,12 @@ pub fn run<F: Future<Output = ()>>(
     // Before a single socket of ours joins LocalDNS's ports.
     let localdns_serves = startup.block_on(standby::localdns_serves(&config));
     if localdns_serves && !config.standby {
-        if standby::localdns_stopping() {
-            tracing::info!("LocalDNS answers, but is being stopped; taking over");
-        } else {
-            tracing::info!("LocalDNS answers on both listeners; not taking over");
-            // A clean end of the start: the unit is not `failed` and nothing restarts it.
-            let notifier = crate::systemd::Notifier::from_env();
-            notifier.notify("READY=1");
-            notifier.notify("STOPPING=1");
-            return Ok(());
-        }
+        tracing::info!("LocalDNS answers on both listeners; not taking over");
+        // A clean end of the start: the unit is not `failed` and nothing restarts it.
+        let notifier = crate::systemd::Notifier::from_env();
+        notifier.notify("READY=1");
+        notifier.notify("STOPPING=1");
+        return Ok(());
     }
     // The standby beside a LocalDNS that answers joins its ports' groups with the flows steered
     // to LocalDNS's sockets from the instant of the bind, never to its own.
@@ -59,7 +55,7 @@ pub fn run<F: Future<Output = ()>>(
 }
 
 /// Removes the listener addresses the fallback puts on `lo` (the units' ExecStopPost, which runs
-/// also after a kill, and needs no file of either wiring). An address on which a socket still
+/// also after a kill, and needs no file of LocalDNS's). An address on which a socket still
 /// listens stays: that is the standby serving (it takes them off itself when it hands back), or
 /// LocalDNS, which has its own link and for which they do no harm.
 pub fn release_addresses(config: &Config) -> Result<(), String> {

@@ -1,6 +1,6 @@
 //! Never displacing a LocalDNS that serves, and the standby mode.
 //!
-//! Whoever starts the fallback (`OnFailure=`, the drop-in, a path unit, an operator by hand), it
+//! Whoever starts the fallback (`OnFailure=`, an operator by hand), it
 //! first asks LocalDNS's probe name on both listeners ([`localdns_serves`]): a LocalDNS that
 //! answers is left alone. Without `--standby` the start ends there, cleanly (READY=1, then exit
 //! 0: the unit is not `failed`). With `--standby` the daemon binds and serves as usual, but its
@@ -13,7 +13,6 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -25,10 +24,6 @@ use crate::link;
 use crate::listen::Held;
 use crate::probe::{self, OwnProbes, Prober, Seen};
 use crate::stats::{Counters, TakeoverCause};
-
-/// Written by the drop-in wiring's script while LocalDNS is being stopped for a restart: it
-/// starts the fallback beside a LocalDNS that still answers, to take over before it goes.
-pub const LOCALDNS_STOPPING: &str = "/run/localdns-handoff/stopping";
 
 /// Rounds in a row that decide: two silent ones take the flows, two answered ones give them back
 /// (one lost reply under load moves nothing).
@@ -52,23 +47,11 @@ pub async fn localdns_serves(config: &Config) -> bool {
     false
 }
 
-/// Whether a start that found LocalDNS serving must still take over: the drop-in's script says
-/// LocalDNS is going away.
-pub fn localdns_stopping() -> bool {
-    Path::new(LOCALDNS_STOPPING).exists()
-}
-
-/// Why a start without `--standby` takes the flows: systemd started it for LocalDNS when it says
-/// so (`OnFailure=` sets MONITOR_UNIT from systemd 251, the drop-in's path unit TRIGGER_UNIT), or
-/// the drop-in's markers say LocalDNS is being restarted or is not ready; else it was started by
+/// Why a start without `--standby` takes the flows: systemd started it for a failed LocalDNS
+/// when it says so (`OnFailure=` sets MONITOR_UNIT from systemd 251); else it was started by
 /// hand (so is an `OnFailure=` start on systemd 249, which tells nothing).
 pub fn start_cause() -> TakeoverCause {
-    let by_systemd = ["MONITOR_UNIT", "TRIGGER_UNIT"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some());
-    let handoff = Path::new(LOCALDNS_STOPPING).parent().filter(|d| d.is_dir());
-    let not_ready = handoff.is_some_and(|d| !d.join("ready").exists());
-    if by_systemd || localdns_stopping() || not_ready {
+    if std::env::var_os("MONITOR_UNIT").is_some() {
         TakeoverCause::LocalDnsFailed
     } else {
         TakeoverCause::ByHand
