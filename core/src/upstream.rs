@@ -71,6 +71,8 @@ struct Health {
     run_sent_ms: AtomicU64,
     run_name: AtomicU64,
     run_names: AtomicBool,
+    /// Tries in a row that went past their hedge point unanswered, since its last reply.
+    late: AtomicU32,
 }
 
 /// What one timeout adds to a server's loss score; a score of `SUSPECT_AT` or more makes it
@@ -78,6 +80,12 @@ struct Health {
 /// a loss one answer in eight or rarer never does.
 const LOSS: u32 = 8;
 const SUSPECT_AT: u32 = 12;
+/// Tries in a row past their hedge point with no reply that make a server tried after the others
+/// until it answers. A server that dies is known at its second late try, milliseconds later,
+/// not at its second timeout a second later: meanwhile half the queries would go to it and need
+/// a hedge each, more than the hedge budget holds (15 queries of a burst waited a whole
+/// `--upstream-timeout`). One late try, one lost packet, is forgiven.
+const LATE_AT: u32 = 2;
 
 /// Where a query's next try goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,8 +247,10 @@ impl UpstreamSet {
         })
     }
 
+    /// Tried after the others: suspect, or late on its last tries.
     fn suspect(&self, i: usize) -> bool {
-        self.health[i].suspect.load(Relaxed)
+        let h = &self.health[i];
+        h.suspect.load(Relaxed) || h.late.load(Relaxed) >= LATE_AT
     }
 
     fn claim_probe(&self, i: usize, now_ms: u64) -> bool {
@@ -316,12 +326,22 @@ impl UpstreamSet {
         }
     }
 
+    /// A try at `addr` went past its hedge point unanswered: no longer outstanding (see
+    /// [`UpstreamSet::end_try`]), and late (see `LATE_AT`).
+    pub fn note_late(&self, addr: SocketAddr) {
+        if let Some(i) = self.index(addr) {
+            self.end_try(addr);
+            self.health[i].late.fetch_add(1, Relaxed);
+        }
+    }
+
     /// A reply of any kind from `addr` at `now`: the server is alive. `ends_try` when its try
     /// still counted as outstanding.
     fn note_alive(&self, i: usize, ends_try: bool, now: Instant) {
         if ends_try {
             self.end_try(self.addrs[i]);
         }
+        self.health[i].late.store(0, Relaxed);
         self.health[i].replied_ms.fetch_max(self.ms(now), Relaxed);
     }
 

@@ -26,6 +26,8 @@ pub struct Try {
     /// Still counted among its upstream's outstanding tries: live and not yet past its hedge
     /// point.
     pub counted: bool,
+    /// A probe of a suspect or slow server: its hedge is free.
+    pub probe: bool,
 }
 
 /// A client waiting for an answer besides the first: how it asked (its ID, spelling and size

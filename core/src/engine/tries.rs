@@ -50,7 +50,8 @@ impl Engine {
             self.arm(slot, try_no, at, TimerKind::TryTimeout);
         }
         // Late: likely lost. It stops counting as outstanding, or one lost packet would steer
-        // every query away from its server until the timeout.
+        // every query away from its server until the timeout; and a server late again and
+        // again is likely dead, so new queries go elsewhere first.
         let group = self.pending(slot).group;
         if let Some(t) = self.pending_mut(slot).tries[try_no]
             .as_mut()
@@ -58,16 +59,16 @@ impl Engine {
         {
             t.counted = false;
             let to = t.leg.to;
-            self.upstreams.get(group).end_try(to);
+            self.upstreams.get(group).note_late(to);
         }
         let p = self.pending(slot);
         let still_out = p.tries[try_no].is_some_and(|t| t.live);
         if p.hedged || !still_out || try_no + 1 != p.ntries || p.ntries == MAX_TRIES {
             return;
         }
-        let probe = self.pending(slot).tries[try_no]
-            .is_some_and(|t| self.upstreams.get(p.group).is_suspect(t.leg.to));
-        // Hedges of probes are free (probes are few); the rest are paid for from the budget.
+        let probe = p.tries[try_no].is_some_and(|t| t.probe);
+        // Hedges of probes are free (at most one probe per server per `PROBE_EVERY`); the rest
+        // are paid for from the budget, so in an outage hedges add at most a fifth to the load.
         if !probe {
             if self.hedge_tokens < HEDGE_COST {
                 return;
@@ -297,6 +298,7 @@ impl Engine {
                 errored: false,
                 keyed: true,
                 counted: true,
+                probe: choice.probe,
             });
             let timeout = (now + upstream_timeout).min(p.deadline);
             let set = self.upstreams.get(group);

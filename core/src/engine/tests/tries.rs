@@ -64,9 +64,11 @@ fn one_hedge_per_query_and_hedges_stay_a_bounded_share() {
         rig.query(&query(i, &format!("n{i}.svc"), None), u64::from(i));
         rig.tick(u64::from(i));
     }
-    // By 999 ms no try has timed out yet; the hedges of the first 900 queries are due.
+    // By 999 ms no try has timed out yet; the hedges of the first 900 queries are due. The
+    // server, late again and again, is probed (a probe's hedge is free) once per PROBE_EVERY.
     let extra = rig.upstream_sends() - 1000;
-    let most = 900 / HEDGE_COST as usize + (HEDGE_BURST / HEDGE_COST) as usize;
+    let probes = 1000 / crate::upstream::PROBE_EVERY.as_millis() as usize;
+    let most = 900 / HEDGE_COST as usize + (HEDGE_BURST / HEDGE_COST) as usize + probes;
     assert!(extra <= most, "{extra} hedges, more than {most}");
     assert!(extra >= 150, "but hedges do happen: {extra}");
     // A try whose hedge was not paid for still times out: every query ends by its deadline.
@@ -487,4 +489,114 @@ fn a_try_cut_short_by_the_query_budget_is_not_judged_lost() {
     let (leg, sent) = rig.last_upstream();
     rig.reply_at(leg, answer(&sent, 60), leg.to, 2900);
     assert_eq!(rig.query(&query(2, "c.d", None), 3000), Outcome::Waiting);
+}
+
+/// One of two kube-dns backends dies (its node died; it stays in the endpoints) under bursts of
+/// new names: `dead_after`, when each backend stops answering; a burst of `burst` queries every
+/// `every_ms`, 1 ms round trips.
+struct Death {
+    /// The worst time to an answer, and how many queries took over 100 ms.
+    worst: u64,
+    slow: usize,
+    /// Upstream sends after the first backend died: all, and those that are neither a query's
+    /// first try nor its move on after a whole `--upstream-timeout` (hedges and probes).
+    sends: usize,
+    extra: usize,
+}
+
+fn backends_dying(dead_after: [u64; 2], bursts: u64, burst: u16, every_ms: u64) -> Death {
+    let mut rig = Rig::new(
+        Transport::Udp,
+        ListenerRole::Cluster,
+        vec![],
+        vec![up(1), up(2)],
+    );
+    let timeout = rig.engine.settings.upstream_timeout.as_millis() as u64;
+    // Per client: when it asked, and how long its answer took.
+    let mut asked: Vec<(Client, u64, Option<u64>)> = Vec::new();
+    let mut replies: Vec<(u64, Leg, Vec<u8>)> = Vec::new();
+    // Per name: its latest send.
+    let mut last_send: HashMap<Vec<u8>, u64> = HashMap::new();
+    let (mut sends, mut extra) = (0, 0);
+    for ms in 0..bursts * every_ms + 3000 {
+        for (_, leg, r) in replies.extract_if(.., |(at, ..)| *at == ms) {
+            rig.reply_at(leg, r, leg.to, ms);
+        }
+        if ms % every_ms == 0 && ms / every_ms < bursts {
+            for b in 0..burst {
+                let i = (ms / every_ms) as u16 * burst + b;
+                let client = Client::Udp(SocketAddr::from(([10, 1, 2, 3], 1000 + i)));
+                asked.push((client, ms, None));
+                let packet = query(i, &format!("n{i}.svc.cluster.local"), None);
+                rig.rig.handle_query(rig.at(ms), client, &packet);
+            }
+        }
+        rig.tick(ms);
+        for (dest, bytes) in std::mem::take(&mut rig.rig.sent) {
+            match dest {
+                Dest::Upstream(leg) => {
+                    let q = wire::parse_query(&bytes).expect("a query");
+                    let name = bytes[12..q.name_end].to_ascii_lowercase();
+                    let previous = last_send.insert(name.clone(), ms);
+                    if ms >= dead_after[0].min(dead_after[1]) {
+                        sends += 1;
+                        // A send for a name whose asker already has its answer is a probe.
+                        let i: usize = String::from_utf8_lossy(&name[2..])
+                            .split(|c: char| !c.is_ascii_digit())
+                            .next()
+                            .and_then(|n| n.parse().ok())
+                            .expect("our names");
+                        let probe = asked[i].2.is_some();
+                        let hedge = previous.is_some_and(|p| ms < p + timeout);
+                        extra += usize::from(probe || hedge);
+                    }
+                    let k = usize::from(leg.to != up(1));
+                    if ms < dead_after[k] {
+                        replies.push((ms + 1, leg, answer(&bytes, 30)));
+                    }
+                }
+                Dest::Client(c) => {
+                    let a = asked.iter_mut().find(|a| a.0 == c).expect("a client");
+                    assert!(a.2.is_none(), "one answer per query");
+                    a.2 = Some(ms - a.1);
+                }
+            }
+        }
+    }
+    let took: Vec<u64> = asked
+        .iter()
+        .map(|a| a.2.expect("every query answered"))
+        .collect();
+    Death {
+        worst: took.iter().copied().max().unwrap_or(0),
+        slow: took.iter().filter(|t| **t > 100).count(),
+        sends,
+        extra,
+    }
+}
+
+#[test]
+fn through_a_backends_death_every_query_is_answered_fast_and_an_outage_costs_few_hedges() {
+    // Bursts of 20 queries every 50 ms, one backend dead from 1 s on. Before, half of each burst
+    // went to the dead one until its tries timed out a second later, each needing a hedge; 0.4 s
+    // after the death the hedge budget was spent, and 80 queries waited the whole 1 s.
+    let d = backends_dying([1000, u64::MAX], 60, 20, 50);
+    eprintln!(
+        "one backend dead: {} queries over 100 ms, worst {} ms",
+        d.slow, d.worst
+    );
+    assert_eq!(d.slow, 0, "queries over 100 ms (worst {} ms)", d.worst);
+    // Both dead: hedges and probes stay a bounded share of what goes upstream (hedges a fifth
+    // of new queries at most, past the saved-up burst; probes a few per second).
+    let d = backends_dying([1000, 1000], 60, 20, 50);
+    eprintln!(
+        "both dead: {} hedges and probes of {} sends",
+        d.extra, d.sends
+    );
+    assert!(
+        d.extra * 4 <= d.sends,
+        "{} hedges and probes of {} upstream sends in an outage",
+        d.extra,
+        d.sends
+    );
 }
