@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::steer::{FlowsTo, Held, Proto, Slot, Steering, group_members, steer_at_join};
+use super::diag::{Proto, group_members};
+use super::steer::{FlowsTo, Held, Slot, Steering, steer_at_join};
 
 /// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
 /// the worker is busy waits in the kernel instead of being dropped, and a burst of answers (a
@@ -148,7 +149,7 @@ fn bind_pair_once(
     ))
 }
 
-/// A socket's inode, the number /proc/net lists it by.
+/// A socket's inode, the number sock_diag names it by.
 fn inode(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(nix::sys::stat::fstat(fd).map_err(io::Error::from)?.st_ino)
 }

@@ -315,9 +315,8 @@ fn flag_upstreams(config: &Config, counters: &Arc<Counters>) -> Arc<UpstreamSets
 /// moves only when a member that joined before us leaves: an orphaned CoreDNS, or, during
 /// `systemctl restart localdns`, the old LocalDNS server, whose index the new one takes when it
 /// binds. Until we follow, the steering program sends every flow to that index, so a second here
-/// was 0.8 s of pods dark on each restart. The look reads /proc/net, which walks the kernel's
-/// socket table and holds up packet processing for a moment; it is skipped while we are first
-/// in the group (our place cannot move then), which is the usual case.
+/// was 0.8 s of pods dark on each restart. The look (a sock_diag dump) is skipped while we are
+/// first in the group (our place cannot move then), which is the usual case.
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
 /// Keeps each listener's steering on our own socket as other members of its groups come and go.
