@@ -1,10 +1,11 @@
 //! What a node-image build gets: the `.deb` that `cargo deb` makes, installed with the
 //! real `dpkg` into a scratch copy of a real Debian 12 root file system (systemd 252), and
 //! `units/install.sh --check` run on that tree, as an image pipeline would run it. Two kinds of
-//! image: a LocalDNS unit with the node image's two lines (the package enables the standby unit)
-//! and one without (the package puts our drop-in on it). And the same `.deb` installed with
-//! `dpkg -i` inside running containers (systemd 252 and 257), as on a running node: it wires,
-//! reloads and starts nothing; a reboot starts the standby.
+//! image, one wiring: a LocalDNS unit with the node image's two lines and one without (install
+//! adds them as our drop-in); the standby unit enabled on both. An upgrade over the 0.1 package,
+//! whose drop-in wiring 0.2 retired. And the same `.deb` installed with `dpkg -i` inside running
+//! containers (systemd 252 and 257), as on a running node: it wires, reloads and starts nothing; a
+//! reboot starts the standby.
 //!
 //! The scratch root is an overlay: the root file system the systemd tests cache
 //! (`tests/systemd/build-rootfs.sh`) is the read-only lower layer, and every change (dpkg's, and
@@ -30,33 +31,24 @@ use common::{TempDir, require_root_and_tools};
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 /// Where the systemd tests cache their Debian 12 root file system (see build-rootfs.sh).
 const ROOTFS: &str = "/var/cache/localdns-fallback-tests/rootfs-bookworm";
-/// The files the package must install, with their modes (the paths the units and LocalDNS use).
-const INSTALLED: [(&str, u32); 6] = [
+/// The files the package installs, with their modes (the paths the units and LocalDNS use).
+const INSTALLED: [(&str, u32); 3] = [
     ("opt/azure/containers/localdns/localdns-fallback", 0o755),
     (
         "etc/systemd/system/localdns-fallback-standby.service",
         0o644,
     ),
-    (
-        "opt/azure/containers/localdns/localdns-fallback-handoff",
-        0o755,
-    ),
     ("etc/systemd/system/localdns-fallback.service", 0o644),
-    ("etc/systemd/system/localdns-fallback.path", 0o644),
-    (
-        "etc/systemd/system/localdns.service.d/50-localdns-fallback.conf",
-        0o644,
-    ),
 ];
+/// Our drop-in on localdns.service, written by install.sh (the postinst) with the node image's
+/// lines that LocalDNS's unit lacks; never dpkg's.
 const DROPIN: &str = "etc/systemd/system/localdns.service.d/50-localdns-fallback.conf";
-/// Where the package keeps install.sh and the drop-in, inactive (the postinst puts the drop-in at
-/// [`DROPIN`] where it is the wiring).
-const PACKAGED: [(&str, u32); 4] = [
+const ON_FAILURE: &str = "OnFailure=localdns-fallback.service";
+const START_PRE: &str =
+    "ExecStartPre=-/usr/bin/timeout 10 /usr/bin/systemctl stop localdns-fallback.service";
+/// Where the package keeps install.sh and the fleet view's pieces.
+const PACKAGED: [(&str, u32); 3] = [
     ("usr/share/localdns-fallback/install.sh", 0o755),
-    (
-        "usr/share/localdns-fallback/localdns.service.d/50-localdns-fallback.conf",
-        0o644,
-    ),
     (
         "usr/share/localdns-fallback/node-problem-detector/localdns-fallback.json",
         0o644,
@@ -69,6 +61,11 @@ const PACKAGED: [(&str, u32); 4] = [
 /// The standby unit's enablement, as `systemctl enable` makes it.
 const STANDBY_LINK: &str =
     "etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service";
+/// What the 0.1 package's drop-in wiring put on a node, which 0.2 retired.
+const OLD_WIRING: [&str; 2] = [
+    "opt/azure/containers/localdns/localdns-fallback-handoff",
+    "etc/systemd/system/localdns-fallback.path",
+];
 /// The cached root file system of Debian 13 (systemd 257), built by the systemd tests' script.
 const ROOTFS_TRIXIE: &str = "/var/cache/localdns-fallback-tests/rootfs-trixie";
 
@@ -317,12 +314,10 @@ fn head_commit() -> String {
 /// shipped install.sh with `--no-start` (postinst) and `--uninstall` (prerm).
 fn assert_maintainer_scripts_start_nothing(deb: &Path) {
     let info = run_ok(Command::new("dpkg-deb").arg("--info").arg(deb));
-    for script in ["preinst", "config"] {
-        assert!(
-            !info.contains(script),
-            "the package has a {script}:\n{info}"
-        );
-    }
+    assert!(
+        !info.contains(" config "),
+        "the package has a config:\n{info}"
+    );
     let control = TempDir::new("ship-control");
     run_ok(
         Command::new("dpkg-deb")
@@ -330,7 +325,7 @@ fn assert_maintainer_scripts_start_nothing(deb: &Path) {
             .arg(deb)
             .arg(control.path()),
     );
-    for script in ["postinst", "prerm", "postrm"] {
+    for script in ["preinst", "postinst", "prerm", "postrm"] {
         let text = fs::read_to_string(control.path().join(script))
             .unwrap_or_else(|e| panic!("the package has no {script}: {e}"));
         let code: Vec<&str> = text
@@ -359,23 +354,85 @@ fn assert_maintainer_scripts_start_nothing(deb: &Path) {
     );
 }
 
+impl ScratchRoot {
+    /// Is there a file or a link (the standby's points at /etc/... of the image) at `path`?
+    fn has(&self, path: &str) -> bool {
+        self.sh("test -e \"$ROOT/$1\" -o -L \"$ROOT/$1\"", &[path])
+            .out
+            .status
+            .success()
+    }
+
+    /// The lines of our drop-in that are not comments or section headers.
+    fn dropin_lines(&self) -> Vec<String> {
+        if !self.has(DROPIN) {
+            return Vec::new();
+        }
+        self.sh("cat \"$ROOT/$1\"", &[DROPIN])
+            .assert_ok()
+            .text()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// A digest of LocalDNS's own files (its unit, its drop-ins but ours, its script): what
+    /// install must never change.
+    fn localdns_own(&self) -> String {
+        self.sh(
+            "cd \"$ROOT\" && find etc/systemd/system/localdns.service etc/systemd/system/localdns.service.d \
+             opt/azure/containers/localdns/localdns.sh -type f ! -name 50-localdns-fallback.conf \
+             2>/dev/null | sort | xargs sha256sum",
+            &[],
+        )
+        .text()
+    }
+}
+
+/// The 0.1 package (tests/fixtures/package-0.1: its drop-in wiring, install.sh and maintainer
+/// scripts) with this build's binary, built with dpkg-deb.
+fn old_package() -> (TempDir, PathBuf) {
+    let dir = TempDir::new("ship-old");
+    let fixture = Path::new(MANIFEST_DIR).join("tests/fixtures/package-0.1");
+    let tree = dir.path().join("tree");
+    let script = "set -e; f=$1; t=$2; \
+        install -D -m 0755 \"$3\" \"$t/opt/azure/containers/localdns/localdns-fallback\"; \
+        install -D -m 0755 \"$f/localdns-fallback-handoff\" \"$t/opt/azure/containers/localdns/localdns-fallback-handoff\"; \
+        for u in localdns-fallback.service localdns-fallback-standby.service localdns-fallback.path; do \
+            install -D -m 0644 \"$f/$u\" \"$t/etc/systemd/system/$u\"; done; \
+        install -D -m 0755 \"$f/install.sh\" \"$t/usr/share/localdns-fallback/install.sh\"; \
+        install -D -m 0644 \"$f/50-localdns-fallback.conf\" \"$t/usr/share/localdns-fallback/localdns.service.d/50-localdns-fallback.conf\"; \
+        mkdir -p \"$t/DEBIAN\"; cp \"$f\"/DEBIAN/* \"$t/DEBIAN/\"; chmod 0755 \"$t\"/DEBIAN/p*; \
+        dpkg-deb --root-owner-group --build \"$t\" \"$4\" >/dev/null";
+    let deb = dir.path().join("localdns-fallback_0.1.0-1_amd64.deb");
+    run_ok(
+        Command::new("bash")
+            .args(["-c", script, "old-package"])
+            .arg(&fixture)
+            .arg(&tree)
+            .arg(env!("CARGO_BIN_EXE_localdns-fallback"))
+            .arg(&deb),
+    );
+    (dir, deb)
+}
+
 #[test]
-fn the_package_wires_each_kind_of_node_image_as_it_is_and_passes_the_check() {
+fn the_package_wires_each_kind_of_node_image_the_one_way_and_passes_the_check() {
     require();
     let deb = package();
     assert_maintainer_scripts_start_nothing(&deb);
 
     for image in [Image::Plain, Image::NodeImageLines] {
         let root = ScratchRoot::of(ROOTFS, image);
-        let installed = root.dpkg(&deb);
-        installed.assert_ok();
+        let before = root.localdns_own();
+        root.dpkg(&deb).assert_ok();
         let listed = root
             .sh("dpkg --root=\"$ROOT\" --listfiles localdns-fallback", &[])
             .assert_ok()
             .text();
-        // dpkg's own files: all but the drop-in at its active place, which is the postinst's.
-        let owned = INSTALLED.iter().filter(|(p, _)| *p != DROPIN);
-        for &(path, mode) in owned.chain(PACKAGED.iter()) {
+        for &(path, mode) in INSTALLED.iter().chain(PACKAGED.iter()) {
             assert!(
                 listed.lines().any(|l| l == format!("/{path}")),
                 "dpkg does not list /{path}:\n{listed}"
@@ -388,41 +445,33 @@ fn the_package_wires_each_kind_of_node_image_as_it_is_and_passes_the_check() {
         }
         assert!(
             !listed.lines().any(|l| l == format!("/{DROPIN}")),
-            "dpkg owns the active drop-in:\n{listed}"
+            "dpkg owns our drop-in:\n{listed}"
         );
 
-        // The node as it is: the standby enabled beside the node image's lines, not our drop-in;
-        // our drop-in elsewhere, the standby not enabled. The plain --check agrees either way.
+        // One wiring: the standby enabled on both kinds; the node image's two lines added where
+        // LocalDNS's unit lacked them, nothing where it has them; LocalDNS's own files untouched.
         let lines = image == Image::NodeImageLines;
-        // -L too: the standby's link points at /etc/... of the image, not of this machine.
-        let has = |path: &str| {
-            root.sh("test -e \"$ROOT/$1\" -o -L \"$ROOT/$1\"", &[path])
-                .out
-                .status
-                .success()
+        let expected: Vec<String> = if lines {
+            Vec::new()
+        } else {
+            vec![ON_FAILURE.into(), START_PRE.into()]
         };
-        assert_eq!(has(DROPIN), !lines, "{image:?}: the drop-in at /{DROPIN}");
+        assert_eq!(root.dropin_lines(), expected, "{image:?}: our drop-in");
+        assert!(root.has(STANDBY_LINK), "{image:?}: standby not enabled");
+        root.sh(
+            "test \"$(readlink \"$ROOT/$1\")\" = /etc/systemd/system/localdns-fallback-standby.service",
+            &[STANDBY_LINK],
+        )
+        .assert_ok();
         assert_eq!(
-            has(STANDBY_LINK),
-            lines,
-            "{image:?}: the standby's enablement /{STANDBY_LINK}"
+            root.localdns_own(),
+            before,
+            "{image:?}: LocalDNS's own files changed"
         );
-        if lines {
-            root.sh(
-                "test \"$(readlink \"$ROOT/$1\")\" = /etc/systemd/system/localdns-fallback-standby.service",
-                &[STANDBY_LINK],
-            )
-            .assert_ok();
-        }
         let checked = root.check();
         checked.assert_ok();
-        let wiring = if lines {
-            "on-failure wiring in LocalDNS's unit, standby enabled"
-        } else {
-            "drop-in wired"
-        };
         assert!(
-            checked.text().contains("check OK") && checked.text().contains(wiring),
+            checked.text().contains("check OK") && checked.text().contains("standby enabled"),
             "{image:?}: {}",
             checked.text()
         );
@@ -448,57 +497,133 @@ fn the_package_wires_each_kind_of_node_image_as_it_is_and_passes_the_check() {
         );
 
         // An upgrade (dpkg -i over the installed package: the postinst's $2 is the old version)
-        // wires again as before, and keeps an administrator's `systemctl disable` of the standby.
+        // wires as before, and keeps an administrator's `systemctl disable` of the standby; the
+        // check then says so, and passes.
         root.dpkg_install(&deb);
-        assert_eq!(
-            has(DROPIN),
-            !lines,
-            "{image:?}: the drop-in after an upgrade"
+        assert_eq!(root.dropin_lines(), expected, "{image:?}: after an upgrade");
+        assert!(root.has(STANDBY_LINK), "{image:?}: after an upgrade");
+        root.sh("rm \"$ROOT/$1\"", &[STANDBY_LINK]).assert_ok();
+        root.dpkg_install(&deb);
+        assert!(
+            !root.has(STANDBY_LINK),
+            "an upgrade enabled the disabled standby again"
         );
-        assert_eq!(
-            has(STANDBY_LINK),
-            lines,
-            "{image:?}: the standby after an upgrade"
+        let checked = root.check();
+        checked.assert_ok();
+        assert!(
+            checked.text().contains("standby disabled"),
+            "{}",
+            checked.text()
         );
-        if lines {
-            root.sh("rm \"$ROOT/$1\"", &[STANDBY_LINK]).assert_ok();
-            root.dpkg_install(&deb);
-            assert!(
-                !has(STANDBY_LINK),
-                "an upgrade enabled the disabled standby again"
-            );
-            root.check().assert_fails_naming("standby not enabled");
-            root.install_sh(&["--check", "--wiring", "on-failure"])
-                .assert_ok();
-            // The drop-in chosen by hand on such a node stays its wiring through an upgrade.
-            root.sh(
-                "chroot \"$ROOT\" /usr/share/localdns-fallback/install.sh --no-start --wiring drop-in",
-                &[],
-            )
-            .assert_ok();
-            root.dpkg_install(&deb);
-            assert!(
-                has(DROPIN),
-                "an upgrade took the drop-in chosen by hand away"
-            );
-            root.install_sh(&["--check", "--wiring", "drop-in"])
-                .assert_ok();
-        }
 
         // Purging takes every file back out, the postinst's too (the units are conffiles, so
         // --remove alone keeps them).
         root.sh("dpkg --root=\"$ROOT\" --purge localdns-fallback", &[])
             .assert_ok();
-        for (path, _) in INSTALLED.iter().chain(PACKAGED.iter()) {
-            root.sh("! test -e \"$ROOT/$1\"", &[path]).assert_ok();
+        for path in INSTALLED.iter().chain(PACKAGED.iter()).map(|(p, _)| *p) {
+            assert!(!root.has(path), "{path} after purge");
         }
-        root.sh("! test -L \"$ROOT/$1\"", &[STANDBY_LINK])
-            .assert_ok();
+        assert!(!root.has(STANDBY_LINK) && !root.has(DROPIN));
+        assert_eq!(
+            root.localdns_own(),
+            before,
+            "{image:?}: LocalDNS's own files after purge"
+        );
         root.check().assert_fails_naming(&format!(
             "missing: {}/{}",
             root.path().display(),
             INSTALLED[0].0
         ));
+    }
+}
+
+/// `dpkg -i` of this package over the 0.1 package, on both kinds of image: 0.1 put its drop-in
+/// wiring (the long drop-in, the handoff script, the path unit) where LocalDNS lacked the node
+/// image's lines and left the standby disabled there; where it had them, 0.1 enabled the standby
+/// and an administrator may have disabled it since. After the upgrade nothing of the old wiring
+/// is left (dpkg forgets the path unit, a conffile), the node has the one wiring, the standby is
+/// enabled unless an administrator disabled it, and `--check` is clean; before the upgrade it
+/// names every leftover.
+#[test]
+fn an_upgrade_over_the_0_1_drop_in_wiring_leaves_the_one_wiring() {
+    require();
+    let deb = package();
+    let (_old_dir, old) = old_package();
+    for (image, disabled) in [
+        (Image::Plain, false),
+        (Image::NodeImageLines, false),
+        (Image::NodeImageLines, true),
+    ] {
+        let what = format!(
+            "{image:?}{}",
+            if disabled { ", standby disabled" } else { "" }
+        );
+        let root = ScratchRoot::of(ROOTFS, image);
+        // 0.1's install refused a LocalDNS whose ExecStopPost= list was not exactly AKS's: the
+        // stand-in's extra line goes, or 0.1 would not be installed to begin with.
+        root.sh(
+            "sed -i '/^ExecStopPost=-\\/bin\\/true$/d' \"$ROOT/etc/systemd/system/localdns.service\"",
+            &[],
+        )
+        .assert_ok();
+        let before = root.localdns_own();
+        root.dpkg_install(&old);
+        let lines = image == Image::NodeImageLines;
+        assert_eq!(root.has(DROPIN), !lines, "{what}: 0.1's drop-in");
+        assert_eq!(root.has(STANDBY_LINK), lines, "{what}: 0.1's standby");
+        if disabled {
+            root.sh("rm \"$ROOT/$1\"", &[STANDBY_LINK]).assert_ok();
+        }
+        if !lines {
+            // The new check on the old tree names what is left of the retired wiring.
+            root.sh(
+                "cp \"$1\" \"$ROOT/tmp/install.sh\"",
+                &[Path::new(MANIFEST_DIR)
+                    .join("units/install.sh")
+                    .to_str()
+                    .expect("utf-8 path")],
+            )
+            .assert_ok();
+            let checked = root.sh("\"$ROOT/tmp/install.sh\" --check --root \"$ROOT\"", &[]);
+            for left in OLD_WIRING.iter().chain([&DROPIN]) {
+                checked.assert_fails_naming(&format!(
+                    "left of the retired drop-in wiring: {}/{left}",
+                    root.path().display()
+                ));
+            }
+        }
+
+        root.dpkg_install(&deb);
+        for left in OLD_WIRING {
+            assert!(!root.has(left), "{what}: /{left} after the upgrade");
+        }
+        let conffiles = root
+            .sh("dpkg-query --admindir=\"$ROOT/var/lib/dpkg\" -W -f='${Conffiles}' localdns-fallback", &[])
+            .assert_ok()
+            .text();
+        assert!(
+            !conffiles.contains("localdns-fallback.path"),
+            "{what}: dpkg still lists the path unit: {conffiles}"
+        );
+        let expected: Vec<String> = if lines {
+            Vec::new()
+        } else {
+            vec![ON_FAILURE.into(), START_PRE.into()]
+        };
+        assert_eq!(
+            root.dropin_lines(),
+            expected,
+            "{what}: our drop-in after the upgrade"
+        );
+        assert_eq!(
+            root.has(STANDBY_LINK),
+            !disabled,
+            "{what}: the standby after the upgrade"
+        );
+        assert_eq!(root.localdns_own(), before, "{what}: LocalDNS's own files");
+        let checked = root.check();
+        checked.assert_ok();
+        eprintln!("{what}, upgraded from 0.1: {}", checked.text().trim());
     }
 }
 
@@ -527,180 +652,90 @@ fn the_check_names_a_removed_file_and_a_wrong_mode() {
         root.sh("chmod \"$2\" \"$ROOT/$1\"", &[path, &format!("{mode:o}")])
             .assert_ok();
     }
-    // A binary that is there but not executable is named as such.
-    root.sh("chmod 0644 \"$ROOT/$1\"", &[INSTALLED[0].0])
-        .assert_ok();
-    root.check().assert_fails_naming("not executable");
-    root.sh("chmod 0755 \"$ROOT/$1\"", &[INSTALLED[0].0])
-        .assert_ok();
     root.check().assert_ok();
 }
 
+/// LocalDNS's unit is read for the node image's two lines and nothing else: whatever else it and
+/// its own drop-ins say (another cleanup, more ExecStopPost= lines, a reset list), install adds
+/// exactly the lines it lacks, never refuses, and never changes a file of LocalDNS's; --check
+/// names a line that goes missing later.
 #[test]
-fn the_check_requires_every_directive_of_the_drop_in() {
+fn install_adds_exactly_the_missing_lines_whatever_else_localdns_says() {
     require();
-    let deb = package();
-    let root = ScratchRoot::new();
-    root.dpkg_install(&deb);
-
-    // Every directive the drop-in in units/ has: removing any one of them from the installed
-    // drop-in must fail the check, naming it. So install.sh's list of directives cannot fall behind.
-    let source = fs::read_to_string(
-        Path::new(MANIFEST_DIR)
-            .join("units")
-            .join(DROPIN.trim_start_matches("etc/systemd/system/")),
-    )
-    .expect("read the drop-in");
-    let directives: Vec<&str> = source
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
-        .collect();
-    assert!(
-        directives.iter().any(|d| d.starts_with("ExecStopPost=")),
-        "the drop-in has no ExecStopPost= (the start on failure): {directives:?}"
-    );
-    for directive in directives {
-        root.sh(
-            "cp \"$ROOT/$1\" \"$ROOT/$1.orig\" && grep -vxF \"$2\" \"$ROOT/$1.orig\" >\"$ROOT/$1\"",
-            &[DROPIN, directive],
-        )
-        .assert_ok();
-        root.check().assert_fails_naming(directive);
-        root.sh("mv \"$ROOT/$1.orig\" \"$ROOT/$1\"", &[DROPIN])
-            .assert_ok();
-    }
-    root.check().assert_ok();
-}
-
-/// The drop-in replaces LocalDNS's ExecStopPost= list (the fallback's start first, then LocalDNS's
-/// own cleanup, restated): on a node whose LocalDNS has any other ExecStopPost=, install.sh (and
-/// so the package's postinst) must refuse to install and --check must fail, naming it, rather than
-/// drop or change LocalDNS's own.
-#[test]
-fn install_and_check_refuse_a_localdns_whose_stop_post_the_drop_in_does_not_restate() {
-    require();
-    let deb = package();
     let unit = "etc/systemd/system/localdns.service";
     let theirs = "etc/systemd/system/localdns.service.d/10-theirs.conf";
-    for (what, change) in [
+    let add_theirs = |body: &str| {
+        format!("mkdir -p \"$(dirname \"$ROOT/{theirs}\")\" && printf '{body}' >\"$ROOT/{theirs}\"")
+    };
+    let cases = [
         (
             "another cleanup command",
             format!("sed -i 's/^ExecStopPost=.*/& --all/' \"$ROOT/{unit}\""),
+            vec![ON_FAILURE, START_PRE],
         ),
         (
-            "a second command from a drop-in of LocalDNS's own",
-            format!(
-                "mkdir -p \"$(dirname \"$ROOT/{theirs}\")\" && \
-                 printf '[Service]\\nExecStopPost=/bin/true\\n' >\"$ROOT/{theirs}\""
-            ),
+            "an ExecStopPost= list reset by a drop-in of its own",
+            add_theirs("[Service]\\nExecStopPost=\\nExecStopPost=/bin/true\\n"),
+            vec![ON_FAILURE, START_PRE],
         ),
-    ] {
+        (
+            "OnFailure= already (in a list with another unit)",
+            add_theirs("[Unit]\\nOnFailure=other.service localdns-fallback.service\\n"),
+            vec![START_PRE],
+        ),
+        (
+            "the ExecStartPre= already",
+            add_theirs(
+                "[Service]\\nExecStartPre=-/usr/bin/systemctl stop localdns-fallback.service\\n",
+            ),
+            vec![ON_FAILURE],
+        ),
+        (
+            "both lines",
+            add_theirs(
+                "[Unit]\\nOnFailure=localdns-fallback.service\\n[Service]\\nExecStartPre=-/usr/bin/systemctl stop localdns-fallback\\n",
+            ),
+            vec![],
+        ),
+    ];
+    for (what, change, expected) in cases {
         let root = ScratchRoot::new();
         root.sh(&change, &[]).assert_ok();
-        root.install()
-            .assert_fails_naming("LocalDNS's own ExecStopPost=");
-        root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
-        // The package's postinst runs the same install.sh: dpkg reports the refusal and leaves
-        // the package unconfigured, the drop-in inactive.
-        root.dpkg(&deb)
-            .assert_fails_naming("LocalDNS's own ExecStopPost=");
-        root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
-        root.check()
-            .assert_fails_naming("LocalDNS's own ExecStopPost=");
-        eprintln!("{what}: install and the package refused, check failed");
-    }
-    // A drop-in of LocalDNS's own that restates the same list changes nothing.
-    let root = ScratchRoot::new();
-    root.sh(
-        &format!(
-            "mkdir -p \"$(dirname \"$ROOT/{theirs}\")\" && printf \
-             '[Service]\\nExecStopPost=\\nExecStopPost=/opt/azure/containers/localdns/localdns.sh cleanup\\n' \
-             >\"$ROOT/{theirs}\""
-        ),
-        &[],
-    )
-    .assert_ok();
-    root.install().assert_ok();
-    root.check().assert_ok();
-}
-
-/// The node image's own wiring (`OnFailure=localdns-fallback.service` and an `ExecStartPre=` that
-/// stops it, in LocalDNS's unit): `install.sh --wiring on-failure` installs only the binary and our
-/// units, refuses a LocalDNS unit that lacks either line (naming it), and `--check` agrees;
-/// `--standby` enables the standby unit the way `systemctl enable` does, and uninstall removes it;
-/// without `--wiring`, a LocalDNS unit with both lines gets exactly that.
-#[test]
-fn the_on_failure_wiring_installs_only_our_units_and_needs_both_lines_of_localdns() {
-    require();
-    let binary = env!("CARGO_BIN_EXE_localdns-fallback");
-    let unit = "etc/systemd/system/localdns.service";
-    let on_failure =
-        "sed -i 's/^\\[Unit\\]$/&\\nOnFailure=localdns-fallback.service/' \"$ROOT/$1\"";
-    let stop_pre = "sed -i 's/^\\[Service\\]$/&\\nExecStartPre=-\\/usr\\/bin\\/systemctl stop localdns-fallback.service/' \"$ROOT/$1\"";
-    let wiring = ["--wiring", "on-failure"];
-
-    // Neither line, then only one: refused, each missing line named, nothing installed.
-    let root = ScratchRoot::new();
-    let mut args = vec!["--binary", binary];
-    args.extend_from_slice(&wiring);
-    root.install_sh(&args)
-        .assert_fails_naming("no OnFailure=localdns-fallback.service");
-    root.sh(on_failure, &[unit]).assert_ok();
-    root.install_sh(&args)
-        .assert_fails_naming("no ExecStartPre= that stops localdns-fallback.service");
-    root.sh("test ! -e \"$ROOT/$1\"", &[INSTALLED[0].0])
-        .assert_ok();
-
-    // Both lines: installed, exactly our binary and units, no drop-in; the check agrees.
-    root.sh(stop_pre, &[unit]).assert_ok();
-    let mut with_standby = args.clone();
-    with_standby.push("--standby");
-    root.install_sh(&with_standby).assert_ok();
-    let mut check = vec!["--check", "--standby"];
-    check.extend_from_slice(&wiring);
-    root.install_sh(&check).assert_ok();
-    for (path, _) in INSTALLED {
-        let present = root
-            .sh("test -e \"$ROOT/$1\"", &[path])
-            .out
-            .status
-            .success();
-        let ours = !path.contains("handoff") && !path.ends_with(".path") && path != DROPIN;
+        let before = root.localdns_own();
+        root.install().assert_ok();
+        assert_eq!(root.dropin_lines(), expected, "{what}");
         assert_eq!(
-            present, ours,
-            "{path}: installed {present}, expected {ours}"
+            root.localdns_own(),
+            before,
+            "{what}: LocalDNS's own files changed"
         );
+        root.check().assert_ok();
+        // Installed again (an upgrade): the same.
+        root.install().assert_ok();
+        assert_eq!(root.dropin_lines(), expected, "{what}: installed twice");
+        for line in &expected {
+            root.sh(
+                "cp \"$ROOT/$1\" \"$ROOT/$1.orig\" && grep -vxF \"$2\" \"$ROOT/$1.orig\" >\"$ROOT/$1\"",
+                &[DROPIN, line],
+            )
+            .assert_ok();
+            root.check()
+                .assert_fails_naming(&format!("localdns.service lacks {line}"));
+            root.sh("mv \"$ROOT/$1.orig\" \"$ROOT/$1\"", &[DROPIN])
+                .assert_ok();
+        }
+        root.uninstall().assert_ok();
+        assert!(
+            !root.has(DROPIN) && !root.has(STANDBY_LINK),
+            "{what}: after uninstall"
+        );
+        assert_eq!(
+            root.localdns_own(),
+            before,
+            "{what}: LocalDNS's own files after uninstall"
+        );
+        eprintln!("{what}: our drop-in held {expected:?}; LocalDNS's files untouched");
     }
-    root.sh(
-        "test \"$(readlink \"$ROOT/$1\")\" = /etc/systemd/system/localdns-fallback-standby.service",
-        &["etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service"],
-    )
-    .assert_ok();
-    // The drop-in wiring's check fails on this tree (no drop-in), naming what is missing.
-    root.install_sh(&["--check", "--wiring", "drop-in"])
-        .assert_fails_naming("missing:");
-    // Uninstall removes what either wiring installed, the standby's enablement too.
-    root.uninstall().assert_ok();
-    for (path, _) in INSTALLED {
-        root.sh("test ! -e \"$ROOT/$1\"", &[path]).assert_ok();
-    }
-    root.sh(
-        "test ! -e \"$ROOT/$1\"",
-        &["etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service"],
-    )
-    .assert_ok();
-
-    // No --wiring: the node as it is. This LocalDNS carries both lines: the on-failure wiring
-    // with the standby unit, and the plain --check agrees.
-    root.install().assert_ok();
-    root.check().assert_ok();
-    root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
-    root.sh(
-        "test -L \"$ROOT/$1\"",
-        &["etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service"],
-    )
-    .assert_ok();
 }
 
 /// Some AKS images ship a `localdns-fallback.service` of their own (NAT redirects of the listener
@@ -723,7 +758,7 @@ fn another_fallbacks_unit_of_the_same_name_is_neither_overwritten_nor_removed() 
     root.install()
         .assert_fails_naming("another fallback's unit");
     root.sh(still_theirs, &[]).assert_ok();
-    root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
+    assert!(!root.has(DROPIN));
     root.check().assert_fails_naming("another fallback's unit");
 
     // Ours was installed, then theirs took the unit's path: uninstall removes ours only.
@@ -732,7 +767,7 @@ fn another_fallbacks_unit_of_the_same_name_is_neither_overwritten_nor_removed() 
     root.sh(put_theirs, &[theirs]).assert_ok();
     root.uninstall().assert_ok();
     root.sh(still_theirs, &[]).assert_ok();
-    root.sh("test ! -e \"$ROOT/$1\"", &[DROPIN]).assert_ok();
+    assert!(!root.has(DROPIN));
 
     // Our unit is a conffile of the .deb (it lives under /etc): dpkg finds a file it does not own
     // there and asks what to do, so a run without a terminal stops with an error and keeps
@@ -769,30 +804,23 @@ fn the_package_and_install_sh_install_the_same_files() {
             .arg(from_script.path()),
     );
     // The package's own documentation (copyright) is Debian's business, not install.sh's; its
-    // /usr/share/localdns-fallback is what the postinst installs from.
+    // /usr/share/localdns-fallback is what the postinst installs from. What install.sh writes
+    // beside the files (the drop-in, the standby's link) is the postinst's in the package.
     let deb_files: Vec<(String, u32)> = files_with_modes(from_deb.path())
         .into_iter()
         .filter(|(p, _)| !p.starts_with("usr/share/"))
         .collect();
-    // install.sh into a tree with no LocalDNS unit wires our drop-in: the package holds it
-    // inactive, for the postinst to put in place.
     let script_files: Vec<(String, u32)> = files_with_modes(from_script.path())
         .into_iter()
-        .filter(|(p, _)| p != DROPIN)
+        .filter(|(p, _)| p != DROPIN && p != STANDBY_LINK)
         .collect();
     assert_eq!(
         deb_files, script_files,
         "the .deb and units/install.sh differ"
     );
-    let expected: Vec<(String, u32)> = {
-        let mut v: Vec<_> = INSTALLED
-            .iter()
-            .filter(|(p, _)| *p != DROPIN)
-            .map(|(p, m)| (p.to_string(), *m))
-            .collect();
-        v.sort();
-        v
-    };
+    let mut expected: Vec<(String, u32)> =
+        INSTALLED.iter().map(|(p, m)| (p.to_string(), *m)).collect();
+    expected.sort();
     assert_eq!(deb_files, expected);
     let shipped: Vec<(String, u32)> = files_with_modes(from_deb.path())
         .into_iter()
@@ -802,11 +830,10 @@ fn the_package_and_install_sh_install_the_same_files() {
         PACKAGED.iter().map(|(p, m)| (p.to_string(), *m)).collect();
     packaged.sort();
     assert_eq!(shipped, packaged);
-    // The units are the repository's, byte for byte; so are the inactive drop-in and install.sh.
+    // The units are the repository's, byte for byte; so is install.sh.
     for (path, _) in &INSTALLED[1..] {
-        let packaged = if *path == DROPIN { PACKAGED[1].0 } else { path };
         assert_eq!(
-            fs::read(from_deb.path().join(packaged)).expect("read the packaged unit"),
+            fs::read(from_deb.path().join(path)).expect("read the packaged unit"),
             fs::read(from_script.path().join(path)).expect("read the installed unit"),
             "{path}"
         );
@@ -814,6 +841,15 @@ fn the_package_and_install_sh_install_the_same_files() {
     assert_eq!(
         fs::read(from_deb.path().join(PACKAGED[0].0)).expect("read the packaged install.sh"),
         fs::read(Path::new(MANIFEST_DIR).join("units/install.sh")).expect("read install.sh"),
+    );
+    // With no LocalDNS unit in the tree (an image that gets it later), both lines go in.
+    assert_eq!(
+        fs::read_to_string(from_script.path().join(DROPIN))
+            .expect("read the drop-in")
+            .lines()
+            .filter(|l| l.contains('='))
+            .collect::<Vec<_>>(),
+        [ON_FAILURE, START_PRE]
     );
     // And the check sees a tree with no OS in it for what it is: no systemd to verify with.
     let out = run(
@@ -1123,9 +1159,8 @@ impl Drop for Booted {
 }
 
 /// `dpkg -i` on a running node (systemd `version`, the cached root file system `lower`), on both
-/// kinds of image: nothing starts, systemd has reloaded (no unit needs a reload), the wiring is
-/// the node's as it is, `install.sh --check` is clean; and where the standby was enabled, the next
-/// boot starts it.
+/// kinds of image: nothing starts, systemd has reloaded (no unit needs a reload), the one wiring
+/// is in place, `install.sh --check` is clean; and the next boot starts the standby.
 fn the_package_on_a_running_node(lower: &'static str, version: u32) {
     require();
     require_root_and_tools(&["systemd-nspawn", "nsenter", "find"]);
@@ -1141,7 +1176,6 @@ fn the_package_on_a_running_node(lower: &'static str, version: u32) {
         for unit in [
             "localdns-fallback.service",
             "localdns-fallback-standby.service",
-            "localdns-fallback.path",
         ] {
             assert_eq!(
                 c.state(unit),
@@ -1167,16 +1201,14 @@ fn the_package_on_a_running_node(lower: &'static str, version: u32) {
             !lines,
             "{what}: localdns.service's drop-ins: {dropins}"
         );
+        let on_failure = c.ok("systemctl show -p OnFailure --value localdns.service");
+        assert_eq!(on_failure.trim(), "localdns-fallback.service", "{what}");
         let enabled = c.text("systemctl is-enabled localdns-fallback-standby.service");
-        assert_eq!(
-            enabled.trim(),
-            if lines { "enabled" } else { "disabled" },
-            "{what}: the standby unit"
-        );
+        assert_eq!(enabled.trim(), "enabled", "{what}: the standby unit");
         let checked = c.ok("/usr/share/localdns-fallback/install.sh --check");
         eprintln!("{what}, dpkg -i on a running node: {}", checked.trim());
 
-        if lines {
+        if !lines {
             // The next boot starts the standby, and the check stays clean.
             c.power_off();
             let c = Booted::boot(&root, &deb, &format!("{what}, rebooted"));

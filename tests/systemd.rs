@@ -1,11 +1,13 @@
 //! End to end under a real systemd as PID 1: our units and binary inside containers booted
 //! with `systemd-nspawn --boot`, on two systemd generations, against a stand-in LocalDNS shaped like
-//! AKS's `localdns.service`.
+//! AKS's `localdns.service`, installed the one way every node gets them (`units/install.sh`: the
+//! standby unit enabled, and the node image's two lines on localdns.service, added where it lacks
+//! them).
 //!
 //! - Debian 12 "bookworm", systemd 252: `OnFailure=` fires once, at the terminal failure (like AKS's
 //!   Ubuntu 22.04);
 //! - Debian 13 "trixie", systemd 257: `OnFailure=` fires on every failed start attempt (like Ubuntu
-//!   24.04), so the fallback's `ExecCondition=` gate is exercised.
+//!   24.04).
 //!
 //! Each test boots its own container from a cached root file system (`tests/systemd/build-rootfs.sh`,
 //! built once under `/var/cache/localdns-fallback-tests/`) with `--volatile=overlay`, so it starts
@@ -24,10 +26,9 @@
 //!
 //! The measured windows (outage, takeover, handoff) are printed per run (run with `--nocapture` to
 //! see them as they come) and summarised, median and worst, in
-//! `target/tmp/systemd-e2e-<suite>.md`; `LOCALDNS_E2E_RUNS` sets the number of runs (default 3).
-//! `LOCALDNS_E2E_BINARY=PATH` runs the scenarios with another build of the binary (e.g. the
-//! release build) instead of the one cargo built for this test. `LOCALDNS_E2E_JOURNAL=1` prints
-//! the container's journal around each takeover (where its milliseconds go).
+//! `target/tmp/systemd-node-image-<suite>-<boot>.md`; `LOCALDNS_E2E_RUNS` sets the number of runs
+//! (default 3). `LOCALDNS_E2E_BINARY=PATH` runs the scenarios with another build of the binary (e.g.
+//! the release build) instead of the one cargo built for this test.
 
 mod common;
 
@@ -122,59 +123,9 @@ use container::*;
 // Scenarios
 // ---------------------------------------------------------------------------------------------
 
-/// Scenario 2: LocalDNS fails twice and then starts again, within its restart budget. The fallback
-/// takes over at the first failure, serves through both failed restarts (started at each, by
-/// ExecStopPost=: a start of a running unit changes nothing), leaves once LocalDNS is ready again
-/// and ends inactive, not failed, on both generations (no OnFailure= involved).
-fn failures_within_budget(suite: Suite) {
-    let mut c = Container::boot(suite, Boot::default());
-    // The running LocalDNS is SIGKILLed, its next two starts crash, the third works (the stand-in
-    // counts them down itself, so the test does not race RestartSec): 4 starts of the 5 allowed.
-    let p = Prober::start(&c, "budget");
-    c.set_localdns_failure(Some("crash:2"));
-    c.ok("systemctl kill --signal=SIGKILL localdns.service");
-    c.wait_until(
-        "LocalDNS active again after 3 restarts",
-        Duration::from_secs(30),
-        |c| {
-            c.show("localdns.service", "ActiveState") == "active"
-                && c.show_us("localdns.service", "NRestarts") == 3
-        },
-    );
-    wait_settled_on_localdns(&mut c);
-    let samples = p.finish();
-    let ran = c.show_us(
-        "localdns-fallback.service",
-        "ExecMainStartTimestampMonotonic",
-    );
-    if ran == 0 {
-        c.fail("the fallback never ran while LocalDNS restarted");
-    }
-    c.assert_fallback_stopped_cleanly("after LocalDNS recovered by itself");
-    if c.is_failed("localdns-fallback.service") {
-        c.fail("the fallback ended up failed");
-    }
-    let served_by_fallback = samples.iter().filter(|s| s.who == Who::Fallback).count();
-    let d = dark_time(&samples);
-    eprintln!(
-        "[{}] 3 restarts within the budget: the fallback answered {served_by_fallback} probes, left cleanly; \
-         dark {:.0}/{:.0}/{:.0} ms ({}/{}/{} failed probes) on .11 cluster/.10 cluster/.10 external",
-        suite.label(),
-        d[0].0,
-        d[1].0,
-        d[2].0,
-        d[0].1,
-        d[1].1,
-        d[2].1
-    );
-    if served_by_fallback == 0 {
-        c.fail("no probe was answered by the fallback during the restarts");
-    }
-}
-
-/// Scenario 4: the fallback comes up whatever LocalDNS's failure left behind, and never touches
+/// Scenario 4: the standby serves whatever LocalDNS's failure left behind, and never touches
 /// LocalDNS's link: it serves from the listener addresses it puts on `lo`, and removes them when
-/// it leaves.
+/// it hands back.
 /// (a) graceful failures: LocalDNS's EXIT trap deleted the link, and resolv.conf still names only
 ///     169.254.10.10 when the fallback starts (networkd's reload is late; the test holds it back):
 ///     .11 and cluster names are served at once, and external names on .10 too, through the VNet
@@ -190,7 +141,7 @@ fn failure_paths(suite: Suite) {
     c.ok("touch /run/localdns-test/resolved-hold");
     c.set_localdns_failure(Some("graceful"));
     c.ok("kill -TERM $(cat /run/localdns-test/coredns.pid)");
-    c.wait_localdns_failed_and_fallback_active();
+    c.wait_localdns_failed_and_served();
     let resolv = c.ok("cat /run/systemd/resolve/resolv.conf");
     if resolv.contains("168.63.129.16") || !resolv.contains("169.254.10.10") {
         c.fail(&format!(
@@ -206,7 +157,10 @@ fn failure_paths(suite: Suite) {
     let asked = mono_us();
     c.expect_answers_on(&[PROBES[1]], Who::Fallback, "stale resolv.conf, DHCP lease");
     let external_after = ms(mono_us() - asked);
-    let logs = c.ok("journalctl --no-pager -q -o cat -u localdns-fallback.service");
+    let logs = c.ok(&format!(
+        "journalctl --no-pager -q -o cat -u {}",
+        c.serving_unit()
+    ));
     if !logs.contains("source=\"DHCP leases /run/systemd/netif/leases\"") {
         c.fail(&format!(
             "stale resolv.conf: expected the VNet DNS taken from the DHCP leases:\n{logs}"
@@ -234,19 +188,19 @@ fn failure_paths(suite: Suite) {
         ));
     }
     c.assert_listener_addresses_on_lo(true, "graceful path, fallback serving");
-    // Measured, not held to 0: had the storm's last failed attempt run beside the fallback and
-    // exited before READY=1 (what a LocalDNS that cannot join the fallback's sockets looks like),
-    // the handoff script would stop the fallback first and pods wait out LocalDNS's start-up.
     let p = Prober::start(&c, "graceful-recovery");
     c.recover_localdns();
     wait_settled_on_localdns(&mut c);
+    let dark = dark_time(&p.finish());
     eprintln!(
         "[{}] recovery after failed starts that exited: dark {}",
         suite.label(),
-        brief(dark_time(&p.finish()))
+        brief(dark)
     );
-    c.assert_fallback_stopped_cleanly("recovery after the graceful path");
-    c.assert_listener_addresses_on_lo(false, "after the handoff back");
+    if dark.iter().any(|&(_, failed)| failed > 0) {
+        c.fail(&format!("the recovery lost probes: {}", brief(dark)));
+    }
+    c.assert_handed_back("recovery after the graceful path");
     if !c.link().complete() {
         c.fail(&format!("LocalDNS's link after recovery: {:?}", c.link()));
     }
@@ -258,8 +212,7 @@ fn failure_paths(suite: Suite) {
     // (b) crash: nothing cleans up; the link stays exactly as the crash left it.
     let before = c.link();
     c.crash_storm();
-    c.wait_localdns_failed_and_fallback_active();
-    c.expect_answers(Who::Fallback, "crash path");
+    c.wait_localdns_failed_and_served();
     let after = c.link();
     if after != before {
         c.fail(&format!(
@@ -274,7 +227,7 @@ fn failure_paths(suite: Suite) {
         suite.label(),
         brief(dark_time(&p.finish()))
     );
-    c.assert_fallback_stopped_cleanly("recovery after the crash path");
+    c.assert_handed_back("recovery after the crash path");
     eprintln!(
         "[{}] crash path: surviving link left alone, served, handed back",
         suite.label()
@@ -285,8 +238,7 @@ fn failure_paths(suite: Suite) {
     c.crash_storm();
     c.ok("ip addr del 169.254.10.11/32 dev localdns && ip link set localdns down");
     let before = c.link();
-    c.wait_localdns_failed_and_fallback_active();
-    c.expect_answers(Who::Fallback, "crash path with a partial link");
+    c.wait_localdns_failed_and_served();
     let after = c.link();
     if after != before {
         c.fail(&format!(
@@ -295,7 +247,7 @@ fn failure_paths(suite: Suite) {
     }
     c.recover_localdns();
     wait_settled_on_localdns(&mut c);
-    c.assert_fallback_stopped_cleanly("recovery after the partial link");
+    c.assert_handed_back("recovery after the partial link");
     if !c.link().complete() {
         c.fail(&format!("LocalDNS's link after recovery: {:?}", c.link()));
     }
@@ -306,32 +258,32 @@ fn failure_paths(suite: Suite) {
 }
 
 /// Scenario 5: a wedged fallback (SIGSTOP: alive, listeners bound, answering nothing) stops
-/// feeding the watchdog (the unit's own WatchdogSec=2s); systemd kills it and `Restart=on-failure`
-/// brings a new one that serves. Measured: pods' dark time from the SIGSTOP.
+/// feeding the watchdog (the unit's own WatchdogSec=2s); systemd kills it and restarts it, and the
+/// new process serves. Measured: pods' dark time from the SIGSTOP.
 fn wedged_fallback(suite: Suite) {
     let mut c = Container::boot(suite, Boot::default());
+    let unit = c.serving_unit();
     c.crash_storm();
-    c.wait_localdns_failed_and_fallback_active();
-    c.expect_answers(Who::Fallback, "the fallback serves before it is wedged");
-    let pid = c.show("localdns-fallback.service", "MainPID");
+    c.wait_localdns_failed_and_served();
+    let pid = c.show(unit, "MainPID");
     let cursor = c.cursor();
     let p = Prober::start(&c, "wedged");
     c.ok(&format!("kill -STOP {pid}"));
     c.wait_until("a new fallback process", Duration::from_secs(40), |c| {
-        let now = c.show("localdns-fallback.service", "MainPID");
-        now != pid && now != "0" && c.show("localdns-fallback.service", "ActiveState") == "active"
+        let now = c.show(unit, "MainPID");
+        now != pid && now != "0" && c.show(unit, "ActiveState") == "active"
     });
     c.expect_answers(Who::Fallback, "the restarted fallback serves");
     std::thread::sleep(Duration::from_millis(300));
     let d = dark_time(&p.finish());
     let journal = c.journal_since(&cursor);
-    if !journal.contains("localdns-fallback.service: Watchdog timeout") {
+    if !journal.contains(&format!("{unit}: Watchdog timeout")) {
         c.fail(&format!("no watchdog timeout in the journal:\n{journal}"));
     }
-    let restarts = c.show_us("localdns-fallback.service", "NRestarts");
+    let restarts = c.show_us(unit, "NRestarts");
     assert!(restarts >= 1, "NRestarts={restarts}");
     eprintln!(
-        "[{}] wedged fallback (pid {pid}) killed by the watchdog and restarted; pods dark {:.0} ms (.11), {:.0} ms (.10 cluster)",
+        "[{}] wedged {unit} (pid {pid}) killed by the watchdog and restarted; pods dark {:.0} ms (.11), {:.0} ms (.10 cluster)",
         suite.label(),
         d[0].0,
         d[1].0
@@ -346,61 +298,60 @@ fn wedged_fallback(suite: Suite) {
     }
 }
 
-/// Scenario 6 and the static checks: on a healthy node `systemctl start localdns-fallback` is
-/// skipped by ExecCondition (not failed) and binds nothing; `systemd-analyze verify` is clean; the
+/// Scenario 6 and the static checks: on a healthy node, with the standby standing by, a start of
+/// `localdns-fallback.service` by hand (what `OnFailure=` does) finds LocalDNS answering, takes
+/// no flow and ends cleanly (inactive, not failed); `systemd-analyze verify` is clean; the
 /// `systemd-analyze security` exposure is OK or better (printed with its top complaints); the
 /// uninstall removes exactly what the install put there.
 fn healthy_node_and_static_checks(suite: Suite) {
     let mut c = Container::boot(suite, Boot::default());
+    let p = Prober::start(&c, "hand-start");
     let cursor = c.cursor();
     let start = c.exec("systemctl start localdns-fallback.service");
     if !start.status.success() {
         c.fail(&format!(
-            "`systemctl start localdns-fallback` on a healthy node should succeed as a skip: {}",
+            "`systemctl start localdns-fallback` on a healthy node failed: {}",
             String::from_utf8_lossy(&start.stderr)
         ));
     }
-    let state = c.show("localdns-fallback.service", "ActiveState");
-    let result = c.show("localdns-fallback.service", "Result");
-    let main_start = c.show_us(
-        "localdns-fallback.service",
-        "ExecMainStartTimestampMonotonic",
+    c.wait_until(
+        "the hand-started fallback to end",
+        Duration::from_secs(10),
+        |c| {
+            !matches!(
+                c.show("localdns-fallback.service", "ActiveState").as_str(),
+                "active" | "activating" | "deactivating"
+            )
+        },
     );
-    if state != "inactive" || c.is_failed("localdns-fallback.service") || main_start != 0 {
+    std::thread::sleep(Duration::from_millis(300));
+    let samples = p.finish();
+    let taken = samples.iter().filter(|s| s.who != Who::LocalDns).count();
+    let journal = c.journal_since(&cursor);
+    if taken > 0 {
         c.fail(&format!(
-            "healthy node: expected a skip; ActiveState={state} Result={result} ExecMainStart={main_start}"
+            "a start by hand on a healthy node took or lost {taken} of {} probes:\n{journal}",
+            samples.len()
         ));
     }
-    // Skipped by its unit condition (LocalDNS is ready), which systemd records as unmet.
-    let condition = c.show("localdns-fallback.service", "ConditionResult");
-    if condition != "no" {
-        let journal = c.journal_since(&cursor);
+    if !journal.contains("LocalDNS answers on both listeners; not taking over") {
         c.fail(&format!(
-            "expected the start skipped by an unmet condition, ConditionResult={condition}:\n{journal}"
+            "the hand-started fallback did not say why it stood down:\n{journal}"
         ));
     }
-    // Nothing of ours runs or listens; LocalDNS still owns both addresses.
-    let ours = c.exec("pgrep -x localdns-fallbac");
-    if ours.status.success() {
-        c.fail("a localdns-fallback process is running on a healthy node");
-    }
-    let listeners = c.ok("ss -Hlnup 'sport = :53'");
-    if listeners.contains("localdns-fallbac") {
-        c.fail(&format!("the fallback holds port 53:\n{listeners}"));
-    }
-    c.expect_answers(
-        Who::LocalDns,
-        "LocalDNS still serves after the skipped start",
-    );
+    c.assert_handed_back("after a start by hand on a healthy node");
+    c.assert_no_unit_failed("after a start by hand on a healthy node");
     eprintln!(
-        "[{}] healthy node: start skipped (Result={result}), nothing bound",
-        suite.label()
+        "[{}] healthy node: a start by hand took none of {} probes and ended cleanly",
+        suite.label(),
+        samples.len()
     );
 
-    // systemd-analyze verify of our unit and the drop-in (loaded with the stand-in localdns.service).
+    // systemd-analyze verify of our units and the drop-in (loaded with the stand-in
+    // localdns.service), and install.sh's own check of the node.
     let verify = c.exec(
         "cd / && systemd-analyze verify /etc/systemd/system/localdns-fallback.service \
-         /etc/systemd/system/localdns-fallback.path /etc/systemd/system/localdns.service 2>&1",
+         /etc/systemd/system/localdns-fallback-standby.service /etc/systemd/system/localdns.service 2>&1",
     );
     let text = String::from_utf8_lossy(&verify.stdout).trim().to_owned();
     if !verify.status.success() || !text.is_empty() {
@@ -454,6 +405,13 @@ fn healthy_node_and_static_checks(suite: Suite) {
     if !matches!(level, "OK" | "SAFE" | "PERFECT") {
         c.fail(&format!("exposure should be OK or better: {overall}"));
     }
+    let check = c.exec("/opt/units/install.sh --check 2>&1");
+    if !check.status.success() {
+        c.fail(&format!(
+            "install.sh --check on the installed node: {}",
+            String::from_utf8_lossy(&check.stdout)
+        ));
+    }
 
     // Uninstall removes exactly what install put there, and leaves LocalDNS's own files alone.
     let listing =
@@ -467,11 +425,10 @@ fn healthy_node_and_static_checks(suite: Suite) {
         .collect();
     let expected = [
         "/etc/systemd/system/localdns-fallback-standby.service",
-        "/etc/systemd/system/localdns-fallback.path",
         "/etc/systemd/system/localdns-fallback.service",
         "/etc/systemd/system/localdns.service.d/50-localdns-fallback.conf",
+        "/etc/systemd/system/multi-user.target.wants/localdns-fallback-standby.service",
         "/opt/azure/containers/localdns/localdns-fallback",
-        "/opt/azure/containers/localdns/localdns-fallback-handoff",
     ];
     if removed != expected {
         c.fail(&format!(
@@ -480,213 +437,11 @@ fn healthy_node_and_static_checks(suite: Suite) {
     }
 }
 
-/// The phases, several runs in one container: one crash that LocalDNS restarts from by itself; a
-/// crash storm to the terminal failure; the handoff back to LocalDNS (recovery by reset-failed +
-/// start); `systemctl restart localdns`; and the handoff back to a LocalDNS whose server binds
-/// without SO_REUSEPORT (it cannot join the fallback's sockets). Dark time per phase and target,
-/// median over runs, is printed and written to `target/tmp/systemd-phases-<suite>.md`.
-fn lifecycle_phases(suite: Suite) {
-    let mut c = Container::boot(suite, Boot::default());
-    let mut w = Windows::default();
-    for run in 1..=runs() {
-        // 1. One crash; LocalDNS restarts by itself (RestartSec=1s, then its server's start-up).
-        let p = Prober::start(&c, &format!("{run}-crash"));
-        let cursor = c.cursor();
-        let restarts = c.show_us("localdns.service", "NRestarts");
-        c.coredns_crash();
-        c.wait_until("LocalDNS restarted", Duration::from_secs(20), |c| {
-            c.show_us("localdns.service", "NRestarts") > restarts
-        });
-        wait_settled_on_localdns(&mut c);
-        let samples = p.finish();
-        let crash = w.record("one crash, restarted", &samples);
-        // Takeover: LocalDNS's main process gone → the first answer by the fallback; and where
-        // the time goes, from the journal's monotonic stamps.
-        let journal = c.journal_since(&cursor);
-        let stamp = |needle: &str| -> Option<u64> {
-            journal.lines().find(|l| l.contains(needle)).and_then(|l| {
-                let t: f64 = l
-                    .trim_start_matches('[')
-                    .split(']')
-                    .next()?
-                    .trim()
-                    .parse()
-                    .ok()?;
-                Some((t * 1e6) as u64)
-            })
-        };
-        let exited = stamp("localdns.service: Main process exited")
-            .unwrap_or_else(|| c.fail("no exit of LocalDNS's main process in the journal"));
-        let first = samples
-            .iter()
-            .filter(|s| s.who == Who::Fallback && s.done > exited)
-            .map(|s| s.done)
-            .min()
-            .unwrap_or_else(|| c.fail("the fallback answered no probe during the crash"));
-        w.add(
-            "takeover at the first failure (LocalDNS exit → first fallback answer, ms)",
-            ms(first - exited),
-        );
-        if std::env::var_os("LOCALDNS_E2E_JOURNAL").is_some() {
-            eprintln!("---- journal of the crash ----\n{journal}\n----");
-        }
-        let starting = stamp("Starting localdns-fallback.service");
-        let ready = journal
-            .lines()
-            .find(|l| l.contains("localdns-fallback[") && l.ends_with(" INFO ready"))
-            .and_then(stamp);
-        if let (Some(starting), Some(ready)) = (starting, ready) {
-            w.add(
-                "  of which: LocalDNS exit → fallback start job (our ExecStopPost, before LocalDNS's own), ms",
-                ms(starting.saturating_sub(exited)),
-            );
-            w.add(
-                "  of which: fallback start job → READY=1 (sandbox, exec, bind, first look), ms",
-                ms(ready.saturating_sub(starting)),
-            );
-            w.add(
-                "  of which: READY=1 → first answer seen by the prober, ms",
-                ms(first.saturating_sub(ready)),
-            );
-        }
-
-        // 2. A crash storm to the terminal failure: CoreDNS crashes, each restart SIGKILLs itself.
-        let p = Prober::start(&c, &format!("{run}-storm"));
-        c.set_localdns_failure(Some("crash"));
-        c.coredns_crash();
-        c.wait_localdns_failed_and_fallback_active();
-        c.expect_answers(Who::Fallback, "the fallback serves after the storm");
-        std::thread::sleep(Duration::from_millis(1000));
-        let storm = w.record("storm to failed", &p.finish());
-
-        // 3. The handoff back: recovery as an operator does it.
-        let p = Prober::start(&c, &format!("{run}-handoff"));
-        c.recover_localdns();
-        wait_settled_on_localdns(&mut c);
-        c.assert_fallback_stopped_cleanly("after the handoff back");
-        let handoff = w.record("handoff back (SO_REUSEPORT)", &p.finish());
-        // LocalDNS joins the fallback's sockets and is ready before the fallback leaves, which
-        // hands new flows over and answers what it holds before it closes: pods lose nothing.
-        // One probe of margin for this loaded test machine, where an answer can come later than
-        // the prober's 100 ms (tests/handoff.rs checks the daemon's hand-over loses none).
-        if handoff[..2].iter().any(|&(_, failed)| failed > 1) {
-            c.fail(&format!(
-                "the handoff back to a LocalDNS with SO_REUSEPORT lost probes: {handoff:?}"
-            ));
-        }
-        let stop_took = c
-            .show_us(
-                "localdns-fallback.service",
-                "InactiveEnterTimestampMonotonic",
-            )
-            .saturating_sub(c.show_us("localdns-fallback.service", "ActiveExitTimestampMonotonic"));
-        w.add("fallback stop (SIGTERM → process gone, ms)", ms(stop_took));
-        if stop_took > 3_000_000 {
-            c.fail(&format!(
-                "the fallback took {:.0} ms to stop",
-                ms(stop_took)
-            ));
-        }
-
-        // 4. systemctl restart localdns.
-        let p = Prober::start(&c, &format!("{run}-restart"));
-        c.ok("systemctl restart localdns.service");
-        wait_settled_on_localdns(&mut c);
-        let restart = w.record("systemctl restart", &p.finish());
-
-        // 5. The handoff back to a LocalDNS that cannot join the fallback's sockets: it must be
-        // serving after its next start attempt at the latest.
-        c.crash_storm();
-        c.wait_localdns_failed_and_fallback_active();
-        c.expect_answers(Who::Fallback, "the fallback serves after the storm");
-        c.ok("echo plain > /run/localdns-test/variant");
-        let p = Prober::start(&c, &format!("{run}-plain"));
-        c.set_localdns_failure(None);
-        c.ok("systemctl reset-failed localdns.service");
-        let before = c.show_us("localdns.service", "NRestarts");
-        c.ok("systemctl start --no-block localdns.service");
-        c.wait_until(
-            "LocalDNS without SO_REUSEPORT serving",
-            Duration::from_secs(20),
-            |c| {
-                c.show("localdns.service", "ActiveState") == "active"
-                    && PROBES.iter().all(|&p| c.ask(p) == Who::LocalDns)
-            },
-        );
-        let attempts = 1 + c
-            .show_us("localdns.service", "NRestarts")
-            .saturating_sub(before);
-        if attempts > 2 {
-            c.fail(&format!(
-                "LocalDNS without SO_REUSEPORT needed {attempts} start attempts (at most 2: the fallback yields before the second)"
-            ));
-        }
-        wait_settled_on_localdns(&mut c);
-        let plain = w.record("handoff back (no SO_REUSEPORT)", &p.finish());
-        w.add(
-            "handoff back (no SO_REUSEPORT): LocalDNS start attempts",
-            attempts as f64,
-        );
-        c.ok("rm -f /run/localdns-test/variant");
-        c.ok("systemctl restart localdns.service");
-        wait_settled_on_localdns(&mut c);
-
-        eprintln!(
-            "[{}] run {run}, dark .11 cluster/.10 cluster/.10 external: crash {}; storm {}; handoff {}; restart {}; handoff without SO_REUSEPORT {} ({attempts} attempts)",
-            suite.label(),
-            brief(crash),
-            brief(storm),
-            brief(handoff),
-            brief(restart),
-            brief(plain)
-        );
-    }
-    // The figures first: they are worth having even when a check below fails.
-    let summary = w.summary(suite);
-    eprintln!("\n{summary}");
-    let file =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("systemd-phases-{}.md", suite.name()));
-    fs::write(&file, &summary).unwrap();
-    eprintln!("(written to {})", file.display());
-    // Logs read well in the journal (no terminal colours), and a plain lifecycle is nothing to
-    // warn about: the binary and the unit agree, the upstreams are found, nothing fails.
-    let logs = c.ok("journalctl --no-pager -q -o cat -u localdns-fallback.service");
-    if logs.contains('\x1b') {
-        c.fail(&format!("ANSI escapes in the fallback's journal:\n{logs}"));
-    }
-    // Not even at a takeover while LocalDNS's networkd drop-in is still in place (it goes only in
-    // LocalDNS's ExecStopPost, and the reload after it is late): the DHCP lease names the VNet DNS.
-    let journal = c.ok("journalctl --no-pager -q -o short-monotonic");
-    let _ = fs::write(
-        Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("systemd-phases-{}-journal.txt", suite.name())),
-        &journal,
-    );
-    let complaints: Vec<&str> = logs
-        .lines()
-        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-        .collect();
-    if !complaints.is_empty() {
-        c.fail(&format!(
-            "the fallback warned during a plain lifecycle:\n{}",
-            complaints.join("\n")
-        ));
-    }
-    if c.is_failed("localdns-fallback.service") {
-        c.fail("the fallback ended up failed");
-    }
-}
-
 /// The scenarios, once per systemd generation.
 macro_rules! generation {
     ($module:ident, $suite:expr) => {
         mod $module {
             use super::*;
-
-            #[test]
-            fn s2_failures_within_the_restart_budget_never_start_the_fallback() {
-                failures_within_budget($suite);
-            }
 
             #[test]
             fn s4_graceful_crash_and_partial_link_failure_paths() {
@@ -699,23 +454,24 @@ macro_rules! generation {
             }
 
             #[test]
-            fn s7_lifecycle_phases_dark_time() {
-                lifecycle_phases($suite);
-            }
-
-            #[test]
-            fn s6_healthy_node_start_is_skipped_and_units_verify() {
+            fn s6_healthy_node_start_stands_down_and_units_verify() {
                 healthy_node_and_static_checks($suite);
             }
 
             #[test]
-            fn s8_node_image_on_failure_wiring_phases() {
-                node_image::node_image_phases($suite, false);
+            fn s8_standby_disabled_the_on_failure_start_alone_phases() {
+                node_image::phases(
+                    $suite,
+                    Boot {
+                        image_lines: true,
+                        standby: false,
+                    },
+                );
             }
 
             #[test]
-            fn s9_node_image_wiring_with_the_standby_unit_phases_and_a_hung_localdns() {
-                node_image::node_image_phases($suite, true);
+            fn s9_lines_added_by_install_and_the_standby_phases_and_a_hung_localdns() {
+                node_image::phases($suite, Boot::default());
             }
 
             #[test]

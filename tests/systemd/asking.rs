@@ -322,5 +322,11 @@ pub(crate) fn wait_settled_on_localdns(c: &mut Container) {
         )
     });
     c.expect_answers(Who::LocalDns, "LocalDNS serves, settled");
+    // The standby takes the listener addresses off lo once it has handed back.
+    c.wait_until(
+        "the listener addresses off lo",
+        Duration::from_secs(5),
+        |c| !c.ok("ip -o -4 addr show dev lo").contains("169.254.10.1"),
+    );
     std::thread::sleep(Duration::from_millis(300));
 }

@@ -128,6 +128,7 @@ pub(crate) fn ms(us: u64) -> f64 {
 pub(crate) struct Container {
     pub(crate) name: String,
     pub(crate) suite: Suite,
+    pub(crate) boot: Boot,
     pub(crate) nspawn: Option<Child>,
     /// Host PID of the container's PID 1 (0 until known).
     pub(crate) leader: u32,
@@ -141,30 +142,41 @@ pub(crate) struct Container {
     pub(crate) reaper: Option<Child>,
 }
 
-/// Options for [`Container::boot`]: which wiring starts the fallback, and whether the standby unit
-/// runs beside LocalDNS.
-#[derive(Default, Clone, Copy)]
+/// Options for [`Container::boot`]: the node as it was before `units/install.sh` ran, and what
+/// an administrator did after.
+#[derive(Clone, Copy)]
 pub(crate) struct Boot {
-    pub(crate) wiring: Wiring,
+    /// localdns.service already carries the node image's two lines (else install adds them).
+    pub(crate) image_lines: bool,
+    /// The standby unit runs, as install leaves it; false: an administrator's `systemctl disable
+    /// --now`, which leaves the `OnFailure=` start alone to cover LocalDNS.
     pub(crate) standby: bool,
 }
 
-/// What starts localdns-fallback.service: our drop-in on localdns.service, or the node image's
-/// two lines (`OnFailure=` and an `ExecStartPre=` that stops it).
-#[derive(Default, Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Wiring {
-    #[default]
-    DropIn,
-    OnFailure,
+impl Default for Boot {
+    fn default() -> Boot {
+        Boot {
+            image_lines: false,
+            standby: true,
+        }
+    }
 }
 
 impl Boot {
     pub(crate) fn label(&self) -> String {
-        let wiring = match self.wiring {
-            Wiring::DropIn => "drop-in",
-            Wiring::OnFailure => "on-failure",
-        };
-        format!("{wiring}{}", if self.standby { " + standby" } else { "" })
+        format!(
+            "{}, {}",
+            if self.image_lines {
+                "image's lines"
+            } else {
+                "lines added by install"
+            },
+            if self.standby {
+                "standby"
+            } else {
+                "standby disabled"
+            }
+        )
     }
 }
 
@@ -201,6 +213,7 @@ impl Container {
         let mut c = Container {
             name,
             suite,
+            boot: opts,
             nspawn: None,
             leader: 0,
             cgroup,
@@ -298,12 +311,20 @@ impl Container {
                 }
             },
         );
-        let wiring = match opts.wiring {
-            Wiring::DropIn => "drop-in",
-            Wiring::OnFailure => "on-failure",
-        };
-        let standby = if opts.standby { "standby" } else { "" };
-        c.ok(&format!("/opt/test/setup.sh {wiring} {standby}"));
+        c.boot = opts;
+        c.ok(&format!(
+            "/opt/test/setup.sh {} {}",
+            if opts.image_lines {
+                "lines"
+            } else {
+                "no-lines"
+            },
+            if opts.standby {
+                "standby"
+            } else {
+                "no-standby"
+            }
+        ));
         c.expect_answers(Who::LocalDns, "the stand-in LocalDNS serves after boot");
         c
     }
@@ -515,32 +536,44 @@ impl Container {
         self.ok("systemctl reset-failed localdns.service && systemctl start localdns.service");
     }
 
-    pub(crate) fn wait_localdns_failed_and_fallback_active(&mut self) {
+    /// The unit that serves while LocalDNS does not: the standby, or where an administrator
+    /// disabled it, the one `OnFailure=` starts.
+    pub(crate) fn serving_unit(&self) -> &'static str {
+        if self.boot.standby {
+            "localdns-fallback-standby.service"
+        } else {
+            "localdns-fallback.service"
+        }
+    }
+
+    /// Waits until LocalDNS is `failed` and the fallback answers both probes.
+    pub(crate) fn wait_localdns_failed_and_served(&mut self) {
         self.wait_until(
             "localdns.service to reach `failed`",
             Duration::from_secs(40),
             |c| c.show("localdns.service", "ActiveState") == "failed",
         );
-        self.wait_until(
-            "localdns-fallback.service to become active",
-            Duration::from_secs(30),
-            |c| match c.show("localdns-fallback.service", "ActiveState").as_str() {
-                "active" => true,
-                "failed" => c.fail("localdns-fallback.service failed"),
-                _ => false,
-            },
-        );
+        self.expect_answers(Who::Fallback, "LocalDNS failed");
     }
 
-    /// The fallback is stopped and was stopped cleanly: inactive, not failed.
-    pub(crate) fn assert_fallback_stopped_cleanly(&self, why: &str) {
-        let state = self.show("localdns-fallback.service", "ActiveState");
-        let result = self.show("localdns-fallback.service", "Result");
+    /// LocalDNS holds the flows again: the standby stands aside (still active) or the
+    /// `OnFailure=` fallback stopped cleanly (inactive, not failed).
+    pub(crate) fn assert_handed_back(&self, why: &str) {
+        let unit = "localdns-fallback.service";
+        let state = self.show(unit, "ActiveState");
+        let result = self.show(unit, "Result");
         if state != "inactive" || result != "success" {
             self.fail(&format!(
-                "{why}: expected localdns-fallback inactive with Result=success, got {state}/{result}"
+                "{why}: expected {unit} inactive with Result=success, got {state}/{result}"
             ));
         }
+        if self.boot.standby {
+            let state = self.show("localdns-fallback-standby.service", "ActiveState");
+            if state != "active" {
+                self.fail(&format!("{why}: the standby is {state}, not active"));
+            }
+        }
+        self.assert_listener_addresses_on_lo(false, why);
     }
 }
 

@@ -1,66 +1,20 @@
-//! The node image's own wiring: localdns.service carries `OnFailure=localdns-fallback.service` and
-//! `ExecStartPre=-/usr/bin/systemctl stop localdns-fallback.service`, and nothing else of ours
-//! (tests/systemd/node-image-wiring.conf; `units/install.sh --wiring on-failure`). Alone, and with
-//! the standby unit beside LocalDNS. Dark time per phase, median and worst over runs, is printed
-//! and written to `target/tmp/systemd-node-image-<suite>-<wiring>.md`.
+//! LocalDNS's lifecycle as pods see it, on a node installed the one way (`units/install.sh`): the
+//! standby unit beside LocalDNS and the node image's two lines on localdns.service, added by
+//! install where the image lacked them; and with the standby disabled by an administrator, the
+//! `OnFailure=` start alone. Dark time per phase, median and worst over runs, is printed and
+//! written to `target/tmp/systemd-node-image-<suite>-<boot>.md`.
 
 use super::*;
 
-/// Phases of LocalDNS's lifecycle as pods see them under the node image's wiring: a start by hand
-/// on a healthy node (must take no flow and leave no unit failed), then per run one crash that
-/// LocalDNS restarts from by itself, a crash storm to the terminal failure, the recovery
-/// (reset-failed + start), `systemctl restart localdns` and, with the standby unit, a LocalDNS
-/// that hangs (SIGSTOP) and comes back (SIGCONT).
-pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
-    let boot = Boot {
-        wiring: Wiring::OnFailure,
-        standby,
-    };
+/// Per run: one crash that LocalDNS restarts from by itself, a crash storm to the terminal
+/// failure, the recovery (reset-failed + start), `systemctl restart localdns` and, with the
+/// standby, a LocalDNS that hangs (SIGSTOP) and comes back (SIGCONT). With the standby every
+/// phase but the hang must lose no probe.
+pub(crate) fn phases(suite: Suite, boot: Boot) {
+    let standby = boot.standby;
     let mut c = Container::boot(suite, boot);
     let label = format!("{}, {}", suite.label(), boot.label());
     let mut w = Windows::default();
-
-    // 0. A start by hand on a healthy node: the binary finds LocalDNS answering its probe name on
-    // both addresses and ends at once, cleanly; not one flow is taken from LocalDNS.
-    let p = Prober::start(&c, "hand-start");
-    let cursor = c.cursor();
-    let start = c.exec("systemctl start localdns-fallback.service");
-    if !start.status.success() {
-        c.fail(&format!(
-            "`systemctl start localdns-fallback` on a healthy node failed: {}",
-            String::from_utf8_lossy(&start.stderr)
-        ));
-    }
-    c.wait_until(
-        "the hand-started fallback to end",
-        Duration::from_secs(10),
-        |c| {
-            !matches!(
-                c.show("localdns-fallback.service", "ActiveState").as_str(),
-                "active" | "activating" | "deactivating"
-            )
-        },
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let samples = p.finish();
-    let taken = samples.iter().filter(|s| s.who == Who::Fallback).count();
-    let lost = dark_time(&samples);
-    let journal = c.journal_since(&cursor);
-    if taken > 0 || lost.iter().any(|&(_, failed)| failed > 0) {
-        c.fail(&format!(
-            "a start by hand on a healthy node took {taken} probes from LocalDNS (failed probes {lost:?}):\n{journal}"
-        ));
-    }
-    if !journal.contains("LocalDNS answers on both listeners; not taking over") {
-        c.fail(&format!(
-            "the hand-started fallback did not say why it stood down:\n{journal}"
-        ));
-    }
-    c.assert_no_unit_failed("after a start by hand on a healthy node");
-    if !standby {
-        c.assert_listener_addresses_on_lo(false, "after a start by hand on a healthy node");
-    }
-    eprintln!("[{label}] a start by hand on a healthy node took no flow and ended cleanly");
 
     for run in 1..=runs() {
         // 1. One crash; LocalDNS restarts by itself.
@@ -117,6 +71,18 @@ pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
         c.assert_no_unit_failed("after the restart");
 
         // 5. With the standby unit: LocalDNS alive but silent (its server stopped), then back.
+        if standby {
+            for (phase, d) in [
+                ("one crash", crash),
+                ("storm", storm),
+                ("recovery", recovery),
+                ("restart", restart),
+            ] {
+                if d.iter().any(|&(_, failed)| failed > 0) {
+                    c.fail(&format!("[{label}] {phase}: lost probes: {}", brief(d)));
+                }
+            }
+        }
         let hung = if standby {
             let (dark, back) = hung_localdns(&mut c);
             w.add("hung LocalDNS (SIGSTOP): dark, worst target (ms)", dark);
@@ -138,7 +104,11 @@ pub(crate) fn node_image_phases(suite: Suite, standby: bool) {
     let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "systemd-node-image-{}-{}.md",
         suite.name(),
-        if standby { "standby" } else { "alone" }
+        if standby {
+            "standby"
+        } else {
+            "standby-disabled"
+        }
     ));
     fs::write(&file, format!("{label}\n\n{summary}")).unwrap();
     eprintln!("(written to {})", file.display());
@@ -194,7 +164,7 @@ pub(crate) fn standby_restarts_beside_a_serving_localdns(suite: Suite) {
     const KILLS: usize = 5;
     const RESTARTS: usize = 2;
     let boot = Boot {
-        wiring: Wiring::OnFailure,
+        image_lines: true,
         standby: true,
     };
     let mut c = Container::boot(suite, boot);
