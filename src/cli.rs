@@ -8,7 +8,7 @@ use crate::discover::{self, ServiceName, Source};
 use crate::wire;
 use crate::{cache, engine};
 
-pub const USAGE: &str = "\
+const ABOUT: &str = "\
 localdns-fallback: the DNS forwarder of last resort for an AKS node whose LocalDNS has failed.
 
 USAGE:
@@ -24,53 +24,7 @@ names under --cluster-domain to the kube-dns servers and every other name to the
 Upstreams not given by flags are discovered from the node and followed while serving: the VNet DNS
 from --resolv-conf (or the DHCP leases while it names none), kube-dns backends from kube-proxy's rules or Cilium.
 It never takes the listeners from a LocalDNS that answers its probe name on both: started beside
-one, it exits (or, with --standby, waits beside it and serves only while it is silent).
-
-FLAGS:
-    --node-listen ADDR          node listener [default: 169.254.10.10:53]
-    --cluster-listen ADDR       cluster listener [default: 169.254.10.11:53]
-    --node-upstream ADDR        a VNet DNS server; repeat for several (IP, IP:PORT or [IPv6]:PORT)
-                                [default: discovered from --resolv-conf]
-    --cluster-upstream ADDR     a kube-dns server; repeat for several [default: discovered]
-    --resolv-conf PATH          where the VNet DNS servers are listed
-                                [default: /run/systemd/resolve/resolv.conf]
-    --dhcp-leases DIR           systemd-networkd's DHCP leases: the VNet DNS while --resolv-conf
-                                lists none; none turns them off [default: /run/systemd/netif/leases]
-    --discovery LIST            where to look for kube-dns, in order, comma-separated, or none
-                                [default: iptables,nftables,ipvs,cilium,cluster-ip]
-    --kube-dns-service NS/NAME  the service whose backends are kube-dns [default: kube-system/kube-dns]
-    --cluster-ip IP             the kube-dns ClusterIP, for ipvs and as the last resort
-    --cilium-socket PATH        the Cilium agent's API socket [default: /var/run/cilium/cilium.sock]
-    --rediscover-interval DUR   how often to look for kube-dns again [default: 5s]
-    --cluster-domain NAME       names under it on the node listener go to kube-dns [default: cluster.local]
-    --upstream-timeout DUR      budget for one try at one upstream [default: 1s]
-    --query-timeout DUR         budget for a whole query; SERVFAIL after it [default: 2500ms]
-    --max-inflight N            queries (UDP and TCP) in flight per relay thread; above it: REFUSED
-                                [default: 4096]
-    --max-tcp-connections N     TCP client connections per listener [default: 256]
-    --tcp-idle-timeout DUR      close a TCP client that sends no full query for this long [default: 10s]
-    --cache-size N              answers kept in the cache; 0 turns the cache off [default: 20000]
-    --cache-bytes SIZE          memory the cache may use, e.g. 32M or 512K [default: 32M]
-    --cache-min-ttl DUR         keep answers at least this long [default: 5s]
-    --cache-max-ttl DUR         keep answers at most this long [default: 1h]
-    --serve-stale DUR           when upstreams fail, answer from entries expired up to this long
-                                ago, with TTL 30; 0 turns it off [default: 1h]
-    --udp-threads N             relay threads per listener [default: 1]
-    --upstream-sockets N        UDP sockets (random source ports) per upstream and relay thread [default: 8]
-    --bind-timeout DUR          keep retrying a busy listener address this long [default: 10s]
-    --allow-wildcard            allow a wildcard listen address (0.0.0.0, ::): off, because it would
-                                answer on every interface of the node
-    --standby                   run beside LocalDNS: ask its probe name every 120 ms, serve within
-                                0.5 s of it going silent, hand back when it answers again
-    --no-link-setup             do not put the listener addresses on lo (they keep us reachable while
-                                LocalDNS recreates its localdns link)
-    --metrics ADDR              serve Prometheus metrics at http://ADDR/metrics [default: off]
-    --log-level LEVEL           error, warn, info, debug or trace [default: info]
-    --json                      with discover: print JSON
-    -h, --help                  print this help
-    -V, --version               print the version
-
-DUR is a number with a unit: 500ms, 2s, 1m, 1h.";
+one, it exits (or, with --standby, waits beside it and serves only while it does not).";
 
 /// Everything the daemon needs to run, checked.
 #[derive(Clone, Debug)]
@@ -79,16 +33,14 @@ pub struct Config {
     pub cluster_listen: SocketAddr,
     pub node_upstreams: Vec<SocketAddr>,
     pub cluster_upstreams: Vec<SocketAddr>,
-    /// Display form, for logs.
+    /// `--cluster-domain` as given (lower case, no final dot), for logs; the engine matches its
+    /// wire form in `engine.cluster_domain`.
     pub cluster_domain: String,
-    /// Lower-case wire form, for matching.
-    pub cluster_domain_wire: Vec<u8>,
-    pub upstream_timeout: Duration,
-    pub query_timeout: Duration,
-    pub max_inflight: usize,
+    /// What each relay thread's engine decides with: `--cluster-domain`, `--upstream-timeout`,
+    /// `--query-timeout`, `--max-inflight` and `--upstream-sockets` land here, and nowhere else.
+    pub engine: engine::Settings,
     pub max_tcp_connections: usize,
     pub tcp_idle_timeout: Duration,
-    pub upstream_sockets: usize,
     /// Relay threads per listener.
     pub udp_threads: usize,
     pub bind_timeout: Duration,
@@ -98,7 +50,7 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// Put the listener addresses on lo if missing (removed again when serving ends).
     pub link_setup: bool,
-    /// Stand by beside LocalDNS and serve only while it does not answer its probe.
+    /// Stand by beside LocalDNS and serve only while it does not.
     pub standby: bool,
     pub log_level: tracing::Level,
     pub cache: cache::Limits,
@@ -106,22 +58,19 @@ pub struct Config {
     pub discovery: discover::Settings,
 }
 
+/// The defaults, written once: `--help` and the README's flag table show them from here (through
+/// [`FLAGS`]), and the engine's, the cache's and discovery's own come from their `Default`.
 impl Default for Config {
     fn default() -> Config {
-        let engine = engine::Settings::default();
         Config {
             node_listen: SocketAddr::from(([169, 254, 10, 10], 53)),
             cluster_listen: SocketAddr::from(([169, 254, 10, 11], 53)),
             node_upstreams: Vec::new(),
             cluster_upstreams: Vec::new(),
             cluster_domain: "cluster.local".into(),
-            cluster_domain_wire: engine.cluster_domain,
-            upstream_timeout: engine.upstream_timeout,
-            query_timeout: engine.query_timeout,
-            max_inflight: engine.max_inflight,
+            engine: engine::Settings::default(),
             max_tcp_connections: 256,
             tcp_idle_timeout: Duration::from_secs(10),
-            upstream_sockets: engine.udp_sockets_per_upstream,
             // Measured on 2 cores shared with the load's generator and upstream (the harness's
             // localdns-fallback-2threads row): a second thread costs 1.3-1.6x the CPU per query
             // (smaller batches, twice the wake-ups) and relays more only when a core is idle.
@@ -136,6 +85,157 @@ impl Default for Config {
             cache: cache::Limits::default(),
             discovery: discover::Settings::default(),
         }
+    }
+}
+
+/// One flag of the daemon: the single definition its parser, `--help` and the README's flag
+/// table (held to it by a test) are made from.
+pub struct Flag {
+    pub name: &'static str,
+    /// The form of its value; empty for a switch.
+    pub value: &'static str,
+    pub help: &'static str,
+    set: fn(&mut Config, &str) -> Result<(), String>,
+    /// The value in a config, as the flag would take it: the default shown is
+    /// `show(&Config::default())`.
+    show: fn(&Config) -> String,
+}
+
+impl Flag {
+    /// What the daemon does without the flag.
+    pub fn default_shown(&self) -> String {
+        (self.show)(&Config::default())
+    }
+}
+
+macro_rules! flag {
+    ($name:literal, $value:literal, $help:literal, $set:expr, $show:expr) => {
+        Flag {
+            name: $name,
+            value: $value,
+            help: $help,
+            set: $set,
+            show: $show,
+        }
+    };
+}
+
+/// Every flag of the daemon, in the order `--help` lists them. A row per flag (hence unformatted,
+/// and each setter one assignment inside `Ok`).
+#[rustfmt::skip]
+#[allow(clippy::unit_arg)]
+pub static FLAGS: &[Flag] = &[
+    flag!("--node-listen", "ADDR", "node listener, UDP and TCP",
+        |c, v| Ok(c.node_listen = parse_addr("--node-listen", v)?), |c| c.node_listen.to_string()),
+    flag!("--cluster-listen", "ADDR", "cluster listener, UDP and TCP",
+        |c, v| Ok(c.cluster_listen = parse_addr("--cluster-listen", v)?), |c| c.cluster_listen.to_string()),
+    flag!("--node-upstream", "ADDR", "a VNet DNS server; repeat for several (IP, IP:PORT or [IPv6]:PORT); turns its discovery off",
+        |c, v| Ok(c.node_upstreams.push(parse_addr("--node-upstream", v)?)), |_| "discovered".into()),
+    flag!("--cluster-upstream", "ADDR", "a kube-dns server (backend or ClusterIP); repeat for several; turns its discovery off",
+        |c, v| Ok(c.cluster_upstreams.push(parse_addr("--cluster-upstream", v)?)), |_| "discovered".into()),
+    flag!("--resolv-conf", "PATH", "where the VNet DNS servers are listed",
+        |c, v| Ok(c.discovery.resolv_conf = v.into()), |c| c.discovery.resolv_conf.display().to_string()),
+    flag!("--dhcp-leases", "DIR", "systemd-networkd's DHCP leases: the VNet DNS while --resolv-conf lists none; none turns them off",
+        |c, v| Ok(c.discovery.dhcp_leases = (v != "none").then(|| v.into())),
+        |c| c.discovery.dhcp_leases.as_ref().map_or("none".into(), |d| d.display().to_string())),
+    flag!("--discovery", "LIST", "where to look for kube-dns, in order, comma-separated, or none",
+        |c, v| Ok(c.discovery.sources = Source::parse_list(v).map_err(|e| format!("--discovery: {e}"))?),
+        |c| c.discovery.sources.iter().map(|s| s.name()).collect::<Vec<_>>().join(",")),
+    flag!("--kube-dns-service", "NS/NAME", "the service whose backends are kube-dns",
+        |c, v| Ok(c.discovery.service = parse_service(v)?), |c| c.discovery.service.to_string()),
+    flag!("--cluster-ip", "IP", "the kube-dns ClusterIP: selects the ipvs virtual service, and is the last-resort upstream",
+        |c, v| Ok(c.discovery.cluster_ip = Some(v.parse().map_err(|_| format!("--cluster-ip {v:?}: expected an IP address"))?)),
+        |_| "learned".into()),
+    flag!("--cilium-socket", "PATH", "the Cilium agent's API socket",
+        |c, v| Ok(c.discovery.cilium_socket = v.into()), |c| c.discovery.cilium_socket.display().to_string()),
+    flag!("--rediscover-interval", "DUR", "how often kube-dns is looked for again while serving",
+        |c, v| Ok(c.discovery.interval = parse_duration("--rediscover-interval", v)?), |c| show_duration(c.discovery.interval)),
+    flag!("--cluster-domain", "NAME", "names under it asked on the node listener go to kube-dns",
+        |c, v| {
+            c.engine.cluster_domain = wire::encode_name(v).map_err(|e| format!("--cluster-domain: {e}"))?;
+            c.cluster_domain = v.trim_end_matches('.').to_ascii_lowercase();
+            Ok(())
+        },
+        |c| c.cluster_domain.clone()),
+    flag!("--upstream-timeout", "DUR", "budget for one try at one upstream; then the next is tried",
+        |c, v| Ok(c.engine.upstream_timeout = parse_duration("--upstream-timeout", v)?), |c| show_duration(c.engine.upstream_timeout)),
+    flag!("--query-timeout", "DUR", "budget for a whole query; the client gets SERVFAIL (or stale) after it",
+        |c, v| Ok(c.engine.query_timeout = parse_duration("--query-timeout", v)?), |c| show_duration(c.engine.query_timeout)),
+    flag!("--max-inflight", "N", "queries (UDP and TCP) in flight per relay thread, one upstream group at most three quarters; beyond it: REFUSED",
+        |c, v| Ok(c.engine.max_inflight = parse_count("--max-inflight", v, 1, 1 << 20)?), |c| c.engine.max_inflight.to_string()),
+    flag!("--max-tcp-connections", "N", "TCP client connections per listener; beyond it the idlest is closed",
+        |c, v| Ok(c.max_tcp_connections = parse_count("--max-tcp-connections", v, 1, 1 << 16)?), |c| c.max_tcp_connections.to_string()),
+    flag!("--tcp-idle-timeout", "DUR", "close a TCP client that sends no whole query for this long",
+        |c, v| Ok(c.tcp_idle_timeout = parse_duration("--tcp-idle-timeout", v)?), |c| show_duration(c.tcp_idle_timeout)),
+    flag!("--cache-size", "N", "answers kept in the cache; 0 turns the cache (and coalescing) off",
+        |c, v| Ok(c.cache.entries = parse_count("--cache-size", v, 0, 1 << 24)?), |c| c.cache.entries.to_string()),
+    flag!("--cache-bytes", "SIZE", "memory the cache may use, e.g. 32M or 512K",
+        |c, v| Ok(c.cache.bytes = parse_size("--cache-bytes", v)?), |c| show_size(c.cache.bytes)),
+    flag!("--cache-min-ttl", "DUR", "keep answers at least this long, whatever their TTL (0 allowed)",
+        |c, v| Ok(c.cache.min_ttl = parse_duration_or_zero("--cache-min-ttl", v)?), |c| show_duration(c.cache.min_ttl)),
+    flag!("--cache-max-ttl", "DUR", "keep answers at most this long",
+        |c, v| Ok(c.cache.max_ttl = parse_duration("--cache-max-ttl", v)?), |c| show_duration(c.cache.max_ttl)),
+    flag!("--serve-stale", "DUR", "when upstreams fail, answer from entries expired up to this long ago, TTL 30; 0 turns it off",
+        |c, v| Ok(c.cache.max_stale = parse_duration_or_zero("--serve-stale", v)?), |c| show_duration(c.cache.max_stale)),
+    flag!("--upstream-sockets", "N", "UDP sockets (random source ports) per upstream and relay thread",
+        |c, v| Ok(c.engine.udp_sockets_per_upstream = parse_count("--upstream-sockets", v, 1, 256)?),
+        |c| c.engine.udp_sockets_per_upstream.to_string()),
+    flag!("--udp-threads", "N", "relay threads per listener, sharing its socket",
+        |c, v| Ok(c.udp_threads = parse_count("--udp-threads", v, 1, 64)?), |c| c.udp_threads.to_string()),
+    flag!("--bind-timeout", "DUR", "how long to keep retrying a busy listener address",
+        |c, v| Ok(c.bind_timeout = parse_duration("--bind-timeout", v)?), |c| show_duration(c.bind_timeout)),
+    flag!("--metrics", "ADDR", "serve Prometheus metrics at http://ADDR/metrics",
+        |c, v| Ok(c.metrics = Some(v.parse().map_err(|_| format!("--metrics {v:?}: expected IP:PORT"))?)),
+        |c| c.metrics.map_or("off".into(), |m| m.to_string())),
+    flag!("--standby", "", "run beside LocalDNS: serve only while it does not, hand back when it does again",
+        |c, _| Ok(c.standby = true), |c| if c.standby { "on" } else { "off" }.into()),
+    flag!("--no-link-setup", "", "do not put the listener addresses on lo (they keep us reachable while LocalDNS recreates its link)",
+        |c, _| Ok(c.link_setup = false), |c| if c.link_setup { "off" } else { "on" }.into()),
+    flag!("--allow-wildcard", "", "allow a wildcard listen address (0.0.0.0, ::), which would answer on every interface",
+        |c, _| Ok(c.allow_wildcard = true), |c| if c.allow_wildcard { "on" } else { "off" }.into()),
+    flag!("--log-level", "LEVEL", "error, warn, info, debug or trace",
+        |c, v| Ok(c.log_level = v.parse().map_err(|_| format!("--log-level {v:?}: expected error, warn, info, debug or trace"))?),
+        |c| c.log_level.to_string().to_ascii_lowercase()),
+];
+
+/// `--help`: what it is, then every flag with its default.
+pub fn usage() -> String {
+    let mut out = format!("{ABOUT}\n\nFLAGS:\n");
+    for f in FLAGS {
+        let head = format!("{} {}", f.name, f.value);
+        out += &format!(
+            "    {:<27} {} [default: {}]\n",
+            head.trim_end(),
+            f.help,
+            f.default_shown()
+        );
+    }
+    out += "    --json                      with discover: print JSON\n";
+    out += "    -h, --help                  print this help\n";
+    out += "    -V, --version               print the version\n\n";
+    out += "DUR is a number with a unit: 500ms, 2s, 1m, 1h.";
+    out
+}
+
+/// A duration the way the flags take it.
+fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0".into(),
+        _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        _ if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
+    }
+}
+
+/// A size the way `--cache-bytes` takes it.
+fn show_size(bytes: usize) -> String {
+    match bytes {
+        _ if bytes % (1 << 30) == 0 => format!("{}G", bytes >> 30),
+        _ if bytes % (1 << 20) == 0 => format!("{}M", bytes >> 20),
+        _ if bytes % (1 << 10) == 0 => format!("{}K", bytes >> 10),
+        _ => bytes.to_string(),
     }
 }
 
@@ -165,116 +265,42 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
     let status = !discover && !release && args.next_if(|a| a == "status").is_some();
     let mut json = false;
     while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
+        let (name, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
         };
-        match flag.as_str() {
+        match name {
             "-h" | "--help" => return Ok(Command::Help),
             "-V" | "--version" => return Ok(Command::Version),
             "--json" if discover => {
                 json = true;
                 continue;
             }
-            "--allow-wildcard" => {
-                config.allow_wildcard = true;
-                continue;
-            }
-            "--no-link-setup" => {
-                config.link_setup = false;
-                continue;
-            }
-            "--standby" => {
-                config.standby = true;
-                continue;
-            }
             _ => {}
         }
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{flag} needs a value"))
+        let flag = FLAGS
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| format!("unknown argument {arg:?}"))?;
+        let value = match (flag.value.is_empty(), inline) {
+            (true, None) => String::new(),
+            (true, Some(_)) => return Err(format!("{name} takes no value")),
+            (false, Some(v)) => v,
+            (false, None) => args.next().ok_or_else(|| format!("{name} needs a value"))?,
         };
-        match flag.as_str() {
-            "--node-listen" => config.node_listen = parse_addr(&flag, &value()?)?,
-            "--cluster-listen" => config.cluster_listen = parse_addr(&flag, &value()?)?,
-            "--node-upstream" => config.node_upstreams.push(parse_addr(&flag, &value()?)?),
-            "--cluster-upstream" => config.cluster_upstreams.push(parse_addr(&flag, &value()?)?),
-            "--cluster-domain" => {
-                let name = value()?;
-                config.cluster_domain_wire =
-                    wire::encode_name(&name).map_err(|e| format!("--cluster-domain: {e}"))?;
-                config.cluster_domain = name.trim_end_matches('.').to_ascii_lowercase();
-            }
-            "--upstream-timeout" => config.upstream_timeout = parse_duration(&flag, &value()?)?,
-            "--query-timeout" => config.query_timeout = parse_duration(&flag, &value()?)?,
-            "--max-inflight" => config.max_inflight = parse_count(&flag, &value()?, 1, 1 << 20)?,
-            "--max-tcp-connections" => {
-                config.max_tcp_connections = parse_count(&flag, &value()?, 1, 1 << 16)?
-            }
-            "--tcp-idle-timeout" => config.tcp_idle_timeout = parse_duration(&flag, &value()?)?,
-            "--upstream-sockets" => {
-                config.upstream_sockets = parse_count(&flag, &value()?, 1, 256)?
-            }
-            "--udp-threads" => config.udp_threads = parse_count(&flag, &value()?, 1, 64)?,
-            "--bind-timeout" => config.bind_timeout = parse_duration(&flag, &value()?)?,
-            "--cache-size" => config.cache.entries = parse_count(&flag, &value()?, 0, 1 << 24)?,
-            "--cache-bytes" => config.cache.bytes = parse_size(&flag, &value()?)?,
-            "--cache-min-ttl" => config.cache.min_ttl = parse_duration_or_zero(&flag, &value()?)?,
-            "--cache-max-ttl" => config.cache.max_ttl = parse_duration(&flag, &value()?)?,
-            "--serve-stale" => config.cache.max_stale = parse_duration_or_zero(&flag, &value()?)?,
-            "--metrics" => {
-                let v = value()?;
-                config.metrics = Some(
-                    v.parse()
-                        .map_err(|_| format!("--metrics {v:?}: expected IP:PORT"))?,
-                )
-            }
-            "--resolv-conf" => config.discovery.resolv_conf = value()?.into(),
-            "--dhcp-leases" => {
-                let v = value()?;
-                config.discovery.dhcp_leases = (v != "none").then(|| v.into());
-            }
-            "--discovery" => {
-                config.discovery.sources =
-                    Source::parse_list(&value()?).map_err(|e| format!("--discovery: {e}"))?
-            }
-            "--kube-dns-service" => config.discovery.service = parse_service(&value()?)?,
-            "--cluster-ip" => {
-                let v = value()?;
-                config.discovery.cluster_ip = Some(
-                    v.parse()
-                        .map_err(|_| format!("--cluster-ip {v:?}: expected an IP address"))?,
-                )
-            }
-            "--cilium-socket" => config.discovery.cilium_socket = value()?.into(),
-            "--rediscover-interval" => {
-                config.discovery.interval = parse_duration(&flag, &value()?)?
-            }
-            "--log-level" => {
-                let v = value()?;
-                config.log_level = v.parse().map_err(|_| {
-                    format!("--log-level {v:?}: expected error, warn, info, debug or trace")
-                })?
-            }
-            _ => return Err(format!("unknown argument {arg:?}")),
-        }
+        (flag.set)(&mut config, &value)?;
     }
     check(&config)?;
-    if discover {
-        return Ok(Command::Discover {
-            config: Box::new(config),
-            json,
-        });
-    }
-    if release {
-        return Ok(Command::ReleaseAddresses(Box::new(config)));
-    }
-    if status {
-        return Ok(Command::Status(Box::new(config)));
-    }
-    Ok(Command::Run(Box::new(config)))
+    let config = Box::new(config);
+    Ok(if discover {
+        Command::Discover { config, json }
+    } else if release {
+        Command::ReleaseAddresses(config)
+    } else if status {
+        Command::Status(config)
+    } else {
+        Command::Run(config)
+    })
 }
 
 fn parse_service(s: &str) -> Result<ServiceName, String> {
@@ -290,20 +316,21 @@ fn parse_service(s: &str) -> Result<ServiceName, String> {
 }
 
 fn check(c: &Config) -> Result<(), String> {
-    if c.upstream_timeout > c.query_timeout {
+    let e = &c.engine;
+    if e.upstream_timeout > e.query_timeout {
         return Err(format!(
             "--upstream-timeout {:?} is longer than --query-timeout {:?}",
-            c.upstream_timeout, c.query_timeout
+            e.upstream_timeout, e.query_timeout
         ));
     }
     // Each try takes a query ID on one of an upstream's sockets, and one upstream may get every
     // try: with too few sockets for the in-flight cap, finding a free ID would take ever more
     // draws. Keep the IDs at most a quarter used (4 tries per query, 65,536 IDs per socket).
-    if c.max_inflight * 4 * 4 > c.upstream_sockets * 65_536 {
+    if e.max_inflight * 4 * 4 > e.udp_sockets_per_upstream * 65_536 {
         return Err(format!(
             "--max-inflight {} needs at least {} --upstream-sockets (query IDs per upstream would run short)",
-            c.max_inflight,
-            (c.max_inflight * 16).div_ceil(65_536)
+            e.max_inflight,
+            (e.max_inflight * 16).div_ceil(65_536)
         ));
     }
     if c.cache.min_ttl > c.cache.max_ttl {
@@ -425,7 +452,7 @@ mod tests {
         assert_eq!(c.cluster_listen.to_string(), "169.254.10.11:53");
         assert_eq!(c.node_upstreams, vec!["198.18.0.1:53".parse().unwrap()]);
         assert_eq!(
-            c.cluster_domain_wire,
+            c.engine.cluster_domain,
             wire::encode_name("cluster.local").unwrap()
         );
     }
@@ -456,8 +483,8 @@ mod tests {
             "Corp.Example.",
         ])
         .unwrap();
-        assert_eq!(c.upstream_timeout, Duration::from_millis(300));
-        assert_eq!(c.query_timeout, Duration::from_secs(2));
+        assert_eq!(c.engine.upstream_timeout, Duration::from_millis(300));
+        assert_eq!(c.engine.query_timeout, Duration::from_secs(2));
         assert_eq!(c.cluster_domain, "corp.example");
     }
 
@@ -581,6 +608,31 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Each flag takes its own default as shown and shows it back: what --help and the README
+    /// print as the default is what the daemon runs with. A switch shows "off" until given.
+    #[test]
+    fn every_flag_takes_the_default_it_shows() {
+        for f in FLAGS {
+            let shown = f.default_shown();
+            let mut c = Config::default();
+            if f.value.is_empty() {
+                assert_eq!(shown, "off", "{}", f.name);
+                (f.set)(&mut c, "").unwrap();
+                assert_eq!((f.show)(&c), "on", "{}", f.name);
+            } else if !["discovered", "learned", "off"].contains(&shown.as_str()) {
+                (f.set)(&mut c, &shown).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+                assert_eq!((f.show)(&c), shown, "{}", f.name);
+            }
+            assert!(
+                usage().contains(&format!("[default: {shown}]")),
+                "{}",
+                f.name
+            );
+        }
+        assert_eq!(show_duration(Duration::from_millis(2500)), "2500ms");
+        assert_eq!(show_size(512 << 10), "512K");
     }
 
     #[test]

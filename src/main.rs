@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     let config = match cli::parse(std::env::args().skip(1)) {
         Ok(Command::Run(config)) => *config,
         Ok(Command::Help) => {
-            println!("{}", cli::USAGE);
+            println!("{}", cli::usage());
             return ExitCode::SUCCESS;
         }
         Ok(Command::Discover { config, json }) => {

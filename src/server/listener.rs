@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::cache::Cache;
 use crate::cli::Config;
-use crate::engine::{self, Engine};
+use crate::engine::Engine;
 use crate::listen::{self, Bound, Held};
 use crate::mailbox::Mailbox;
 use crate::probe::OwnProbes;
@@ -76,18 +76,10 @@ pub(super) fn start_listener(
             .udp
             .try_clone()
             .map_err(|e| format!("cannot share the UDP socket of {}: {e}", bound.addr))?;
-        let settings = engine::Settings {
-            cluster_domain: config.cluster_domain_wire.clone(),
-            upstream_timeout: config.upstream_timeout,
-            query_timeout: config.query_timeout,
-            max_inflight: config.max_inflight,
-            udp_sockets_per_upstream: config.upstream_sockets,
-            ..engine::Settings::default()
-        };
         let stats = shared.counters.listener(role).clone();
         let engine = Engine::new(
             role,
-            settings,
+            config.engine.clone(),
             sets.clone(),
             shared.cache.clone(),
             stats.clone(),
@@ -98,7 +90,7 @@ pub(super) fn start_listener(
         let relay = Relay {
             engine,
             listener: udp,
-            sockets_per_upstream: config.upstream_sockets,
+            sockets_per_upstream: config.engine.udp_sockets_per_upstream,
             mailbox,
             tcp: shared.upstream_tcp.clone(),
             upstreams: shared.sets_rx.clone(),
@@ -120,7 +112,7 @@ pub(super) fn start_listener(
         mailboxes,
         shared.tcp_cap,
         config.tcp_idle_timeout,
-        config.query_timeout,
+        config.engine.query_timeout,
     ));
     let listener = tokio::net::TcpListener::from_std(bound.tcp)
         .map_err(|e| format!("cannot register TCP socket {}: {e}", bound.addr))?;

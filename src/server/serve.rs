@@ -141,7 +141,7 @@ impl Running {
             .map(|c| Arc::new(Mutex::new(c)));
         let upstream_tcp = Arc::new(UpstreamSide::new(
             tokio::runtime::Handle::current(),
-            config.upstream_timeout,
+            config.engine.upstream_timeout,
         ));
         let shared = Shared {
             config: &config,
@@ -280,7 +280,9 @@ impl Running {
 /// and each relay thread's UDP sockets, both for up to four upstreams per group, and a margin for
 /// the listeners, epoll, eventfds, the metrics socket, discovery's pipes and the runtime.
 fn other_descriptors(config: &Config) -> usize {
-    tcp_pool::DESCRIPTORS + 2 * config.udp_threads * config.upstream_sockets * 2 * 4 + 64
+    tcp_pool::DESCRIPTORS
+        + 2 * config.udp_threads * config.engine.udp_sockets_per_upstream * 2 * 4
+        + 64
 }
 
 /// The upstreams given by flags, before discovery has looked; a group given by flags is
