@@ -392,7 +392,7 @@ impl ScratchRoot {
 }
 
 /// The 0.1 package (tests/fixtures/package-0.1: its drop-in wiring, install.sh and maintainer
-/// scripts) with this build's binary, built with dpkg-deb.
+/// scripts) with the release binary [`package`] built, made with dpkg-deb.
 fn old_package() -> (TempDir, PathBuf) {
     let dir = TempDir::new("ship-old");
     let fixture = Path::new(MANIFEST_DIR).join("tests/fixtures/package-0.1");
@@ -405,14 +405,14 @@ fn old_package() -> (TempDir, PathBuf) {
         install -D -m 0755 \"$f/install.sh\" \"$t/usr/share/localdns-fallback/install.sh\"; \
         install -D -m 0644 \"$f/50-localdns-fallback.conf\" \"$t/usr/share/localdns-fallback/localdns.service.d/50-localdns-fallback.conf\"; \
         mkdir -p \"$t/DEBIAN\"; cp \"$f\"/DEBIAN/* \"$t/DEBIAN/\"; chmod 0755 \"$t\"/DEBIAN/p*; \
-        dpkg-deb --root-owner-group --build \"$t\" \"$4\" >/dev/null";
+        dpkg-deb --root-owner-group -Znone --build \"$t\" \"$4\" >/dev/null";
     let deb = dir.path().join("localdns-fallback_0.1.0-1_amd64.deb");
     run_ok(
         Command::new("bash")
             .args(["-c", script, "old-package"])
             .arg(&fixture)
             .arg(&tree)
-            .arg(env!("CARGO_BIN_EXE_localdns-fallback"))
+            .arg(Path::new(MANIFEST_DIR).join("target/shipping/release/localdns-fallback"))
             .arg(&deb),
     );
     (dir, deb)

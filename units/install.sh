@@ -174,7 +174,8 @@ write_dropin() {
         for section in Unit Service; do
             grep -q "^\[$section\] " <<<"$lines" || continue
             echo "[$section]"
-            while read -r _ line; do echo "$line"; done < <(grep "^\[$section\] " <<<"$lines")
+            # (A here-string, not < <(...): a root being built may have no /dev/fd.)
+            while read -r _ line; do echo "$line"; done <<<"$(grep "^\[$section\] " <<<"$lines")"
         done
     } >"$root/$dropin"
     chmod 0644 "$root/$dropin"
