@@ -8,8 +8,7 @@ use super::*;
 
 /// Per run: one crash that LocalDNS restarts from by itself, a crash storm to the terminal
 /// failure, the recovery (reset-failed + start), `systemctl restart localdns` and, with the
-/// standby, a LocalDNS that hangs (SIGSTOP) and comes back (SIGCONT). With the standby every
-/// phase but the hang must lose no probe.
+/// standby, a LocalDNS that hangs (SIGSTOP) and comes back (SIGCONT).
 pub(crate) fn phases(suite: Suite, boot: Boot) {
     let standby = boot.standby;
     let mut c = Container::boot(suite, boot);
@@ -71,6 +70,9 @@ pub(crate) fn phases(suite: Suite, boot: Boot) {
         c.assert_no_unit_failed("after the restart");
 
         // 5. With the standby unit: LocalDNS alive but silent (its server stopped), then back.
+        // With the standby no phase leaves a window: at most the probes that were queued in a
+        // socket of LocalDNS's when it was killed or stopped (20 ms apart). 200 ms is a margin
+        // for a loaded machine, a tenth of what the same phases cost without it.
         if standby {
             for (phase, d) in [
                 ("one crash", crash),
@@ -78,8 +80,8 @@ pub(crate) fn phases(suite: Suite, boot: Boot) {
                 ("recovery", recovery),
                 ("restart", restart),
             ] {
-                if d.iter().any(|&(_, failed)| failed > 0) {
-                    c.fail(&format!("[{label}] {phase}: lost probes: {}", brief(d)));
+                if d.iter().any(|&(dark, _)| dark > 200.0) {
+                    c.fail(&format!("[{label}] {phase}: pods dark {}", brief(d)));
                 }
             }
         }
