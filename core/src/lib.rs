@@ -15,6 +15,8 @@
 //! - [`answer`]: each asker's own answer made from a shared reply, and the query sent upstream.
 //! - [`engine`]: every decision about a query, for UDP and TCP alike: local answers, routing,
 //!   cache, coalescing, tries and deadlines, shedding, health. Inputs in, transmits and events out.
+//! - [`flows`]: who holds LocalDNS's new flows beside it (the standby), from its probe, the
+//!   kernel's view of its sockets' queues and its addresses: take, hand back, re-point.
 //! - [`handoff`]: leaving without a gap when LocalDNS is back: the sequence, and when the drain
 //!   after the hand-over is done.
 //! - `rig` (tests, and feature `rig`): an engine on a fake clock with everything it sends kept,
@@ -24,6 +26,7 @@
 pub mod answer;
 pub mod cache;
 pub mod engine;
+pub mod flows;
 pub mod frame;
 pub mod handoff;
 #[cfg(any(test, feature = "rig"))]
