@@ -41,13 +41,6 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# cargo-deb builds the .deb that tests/shipping.rs installs into a scratch node image (installing
-# it, when missing, takes about 2 minutes).
-if ! command -v cargo-deb >/dev/null 2>&1; then
-    echo "installing cargo-deb"
-    cargo install cargo-deb --locked
-fi
-
 # The arm64 release binary that tests/arm64.rs runs under qemu (about 55 s on an idle 2-core
 # machine from scratch, 90 s beside other builds; seconds when target/cross is warm).
 units/release.sh --arch arm64

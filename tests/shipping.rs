@@ -1,4 +1,4 @@
-//! What a node-image build gets: the `.deb` that `cargo deb` makes, installed with the
+//! What a node-image build gets: the `.deb` that `units/deb.sh` makes, installed with the
 //! real `dpkg` into a scratch copy of a real Debian 12 root file system (systemd 252), and
 //! `units/install.sh --check` run on that tree, as an image pipeline would run it. Two kinds of
 //! image, one wiring: a LocalDNS unit with the node image's two lines and one without (install
@@ -15,9 +15,9 @@
 //! the test is killed; `Drop` removes the directories. The host's dpkg database is never opened:
 //! `dpkg --root` uses the scratch root's own.
 //!
-//! The package is built once per `cargo deb` invocation in its own target directory
-//! (`target/shipping`, so a nested cargo never waits on the lock of the `cargo test` running us),
-//! under a file lock shared by the tests here; it is a no-op when nothing changed.
+//! The package is built by `units/deb.sh` (what `units/release.sh` runs) from a release build in
+//! its own target directory (`target/shipping`, so a nested cargo never waits on the lock of the
+//! `cargo test` running us), under a file lock shared by the tests here.
 
 mod common;
 
@@ -71,7 +71,6 @@ const ROOTFS_TRIXIE: &str = "/var/cache/localdns-fallback-tests/rootfs-trixie";
 
 fn require() {
     require_root_and_tools(&[
-        "cargo-deb",
         "dpkg",
         "dpkg-deb",
         "unshare",
@@ -104,7 +103,7 @@ fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The `.deb`, built by `cargo deb` (the README's command) from this source tree.
+/// The `.deb`, built by `units/deb.sh` from a release build of this source tree.
 fn package() -> PathBuf {
     let target = Path::new(MANIFEST_DIR).join("target/shipping");
     fs::create_dir_all(&target).expect("create target/shipping");
@@ -115,8 +114,14 @@ fn package() -> PathBuf {
     run_ok(
         Command::new("flock")
             .arg(target.join("build.lock"))
+            .args([
+                "sh",
+                "-c",
+                "\"$1\" build --locked --release && units/deb.sh amd64 \"$2\" \"$3\"",
+            ])
+            .arg("build")
             .arg(cargo)
-            .args(["deb", "--locked", "--output"])
+            .arg(target.join("release/localdns-fallback"))
             .arg(&fresh)
             .current_dir(MANIFEST_DIR)
             .env("CARGO_TARGET_DIR", &target),

@@ -26,7 +26,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 # ---- What is installed: one line per file, SOURCE DESTINATION MODE. ---------------------------
 # SOURCE is relative to units/ ("binary" is the --binary file); DESTINATION is relative to the root.
-# The .deb (Cargo.toml, [package.metadata.deb] assets) holds the same files: tests/shipping.rs
+# The .deb (units/deb.sh) holds the same files: tests/shipping.rs
 # compares them.
 binary_dest=opt/azure/containers/localdns/localdns-fallback
 files=(

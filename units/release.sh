@@ -17,7 +17,7 @@
 #   dpkg --add-architecture arm64 && apt-get update
 #   apt-get install rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu \
 #       libc6-dev-arm64-cross binutils
-# and cargo-deb (cargo install cargo-deb --locked).
+# and dpkg-deb (units/deb.sh builds each package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,7 +42,6 @@ need() { command -v "$1" >/dev/null 2>&1 || die "$1 is not installed ($2)"; }
 
 need readelf "apt-get install binutils"
 need dpkg-deb "apt-get install dpkg"
-need cargo-deb "cargo install cargo-deb --locked"
 
 # Checks one built binary: its machine, and the newest GLIBC_ version it needs.
 check_binary() {
@@ -77,8 +76,7 @@ for arch in "${arches[@]}"; do
             cargo build --locked --release
             binary=target/release/localdns-fallback
             floor=$(check_binary "$binary" "Advanced Micro Devices X86-64")
-            # --no-build: the package holds exactly the binary checked above.
-            cargo deb --locked --no-build --no-strip --output "$deb" >/dev/null
+            units/deb.sh amd64 "$binary" "$deb"
             ;;
         arm64)
             [[ -x /usr/bin/cargo && -x /usr/bin/rustc ]] ||
@@ -95,8 +93,7 @@ for arch in "${arches[@]}"; do
                 /usr/bin/cargo build --locked --release --target "$arm64_triple"
             binary=$arm64_target_dir/$arm64_triple/release/localdns-fallback
             floor=$(check_binary "$binary" AArch64)
-            CARGO_TARGET_DIR=$arm64_target_dir cargo deb --locked --no-build --no-strip \
-                --target "$arm64_triple" --output "$deb" >/dev/null
+            units/deb.sh arm64 "$binary" "$deb"
             ;;
     esac
     check_deb "$deb" "$arch"
