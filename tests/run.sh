@@ -34,38 +34,51 @@ if ((${#missing[@]})); then
     apt-get update -qq
     # Install without starting the packages' own services (unbound would take port 53 on the
     # host): policy-rc.d exit 101 tells invoke-rc.d "not now".
+    made_policy=""
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+        made_policy=1
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    [[ -z $made_policy ]] || rm -f /usr/sbin/policy-rc.d
 fi
 
-# The arm64 release binary that tests/arm64.rs runs under qemu (about 55 s on an idle 2-core
-# machine from scratch, 90 s beside other builds; seconds when target/cross is warm).
-units/release.sh --arch arm64
-
-cargo fmt --check
-cargo clippy --all-targets --locked -- -D warnings
-
-if cargo nextest --version >/dev/null 2>&1; then
-    # A process per test: each test's namespaces, servers and forwarder are its own.
-    cargo nextest run --locked --no-fail-fast --test-threads 4 "$@"
-else
-    cargo test --locked --no-fail-fast "$@"
-fi
-
-# ---- fuzzing (fuzz/) ------------------------------------------------------------------------
-# A short run of every cargo-fuzz target (6 s each, about a minute in all) from the seed corpus
-# in fuzz/corpus/, into a scratch corpus so the repository's stays as committed. Building the
-# instrumented targets takes about 4 minutes from scratch on this 2-core machine (seconds when
-# fuzz/target is warm); installing cargo-fuzz, when missing, about 70 s. A crash fails the run and
-# prints how to reproduce it. Long runs: fuzz/run-long.sh.
+# Two builds the tests need only at the end run beside them, at the lowest CPU priority (the
+# tests' own builds and timing go first; their waits on containers and timers leave a core idle
+# most of the time): the arm64 release binary that tests/arm64.rs runs under qemu (about 55 s on
+# an idle 2-core machine from scratch), then the instrumented fuzz targets (about 4 minutes from
+# scratch; installing cargo-fuzz, when missing, about 70 s). Seconds each when warm.
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     echo "installing cargo-fuzz"
     cargo install cargo-fuzz --locked
 fi
+mkdir -p target
+side_log=target/run-side-builds.log
+# In a process group of its own, so that an early exit stops the whole build.
+setsid nice -n 19 bash -c 'units/release.sh --arch arm64 && cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --release' \
+    >"$side_log" 2>&1 &
+side=$!
+trap 'kill -- -$side 2>/dev/null || true' EXIT
+
+cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
+cargo clippy --all-targets --locked -- -D warnings
+
+# A process per test: each test's namespaces, servers and forwarder are its own.
+status=0
+cargo nextest run --locked --no-fail-fast --test-threads 4 -E 'not binary(arm64)' "$@" || status=$?
+if ! wait $side; then
+    echo "the arm64 or fuzz build failed:" >&2
+    tail -n 40 "$side_log" >&2
+    exit 1
+fi
+cargo nextest run --locked --no-fail-fast -E 'binary(arm64)' "$@" || status=$?
+((status == 0)) || exit "$status"
+
+# ---- fuzzing (fuzz/) ------------------------------------------------------------------------
+# A short run of every cargo-fuzz target (6 s each, about a minute in all) from the seed corpus
+# in fuzz/corpus/, into a scratch corpus so the repository's stays as committed. A crash fails
+# the run and prints how to reproduce it. Long runs: fuzz/run-long.sh.
 fuzz_scratch=$(mktemp -d)
 fuzz/run-long.sh --seconds 6 --work "$fuzz_scratch"
 rm -rf "$fuzz_scratch"
