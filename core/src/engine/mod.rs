@@ -216,7 +216,7 @@ impl Engine {
     /// A client's query (a datagram, or one message of a TCP stream).
     pub fn handle_query(&mut self, now: Instant, client: Client, packet: &[u8]) -> Outcome {
         let mut local = std::mem::take(&mut self.scratch);
-        let decision = route::decide(self.role, packet, &self.settings.cluster_domain, &mut local);
+        let decision = route::decide(self.role, packet, &self.settings.routes, &mut local);
         let (q, group) = match decision {
             Decision::Drop => {
                 self.scratch = local;
@@ -492,23 +492,26 @@ impl Engine {
                 || p.askers()
                     .any(|(client, _, q)| reply_limit(client, q) > usize::from(wire::OUR_EDNS_SIZE))
         };
-        if wire::is_truncated(packet)
-            && matches!(via, Via::Udp { .. })
-            && wants_more()
-            && p.ntries < MAX_TRIES
-            && now < p.deadline
-        {
-            self.end_try(slot, try_no, false);
-            self.note_reply(
-                group,
-                from,
-                now.saturating_duration_since(sent),
-                counted,
-                now,
-            );
-            self.pending_mut(slot).refetch = Some(from);
-            self.next_try(slot, now);
-            return;
+        if wire::is_truncated(packet) && matches!(via, Via::Udp { .. }) && wants_more() {
+            let refetch = p.ntries < MAX_TRIES && now < p.deadline;
+            // With no try left, a truncated answer is passed on only when nothing else is out:
+            // another try, a fetch over TCP among them, may still bring the whole answer.
+            let others_out = p.live_tries() > 1;
+            if refetch || others_out {
+                self.end_try(slot, try_no, false);
+                self.note_reply(
+                    group,
+                    from,
+                    now.saturating_duration_since(sent),
+                    counted,
+                    now,
+                );
+                if refetch {
+                    self.pending_mut(slot).refetch = Some(from);
+                    self.next_try(slot, now);
+                }
+                return;
+            }
         }
         self.end_try(slot, try_no, false);
         if matches!(code, rcode::SERVFAIL | rcode::REFUSED | rcode::NOTIMP) || !has_question {
