@@ -9,7 +9,7 @@
 //! a cycle): the shells import the core, start-up imports everything.
 //!
 //! The pure parts, in `core/` (see its `lib.rs`): [`roles`], [`wire`], [`frame`], [`stats`],
-//! [`upstream`], [`cache`], [`answer`], [`engine`], [`handoff`].
+//! [`upstream`], [`cache`], [`answer`], [`engine`], [`flows`], [`handoff`].
 //!
 //! The shells, which move bytes in and out of engines:
 //! - [`mmsg`]: batches of datagrams per system call (`recvmmsg`, `sendmmsg`).
@@ -41,7 +41,7 @@
 //! servers and real clients, and under a real systemd.
 
 pub use localdns_fallback_core::{
-    answer, cache, engine, frame, handoff, roles, stats, upstream, wire,
+    answer, cache, engine, flows, frame, handoff, roles, stats, upstream, wire,
 };
 
 pub mod cli;

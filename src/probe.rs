@@ -3,7 +3,7 @@
 //! LocalDNS's probe and watchdog ask `health-check.localdns.local` on 169.254.10.10 and .11 and
 //! count any reply as alive; so do we, so that we and LocalDNS's own unit agree on what serving
 //! means. A start of the fallback (by hand, by `OnFailure=`, by a path unit) uses it to stand
-//! down beside a LocalDNS that serves, and the standby mode asks it every [`EVERY`] to notice a
+//! down beside a LocalDNS that serves, and the standby mode asks it (every `flows::PROBE_EVERY`) to notice a
 //! LocalDNS that is alive but silent (hung, starved, deadlocked) within half a second.
 //!
 //! Each address gets its own connected socket, kept for the life of the prober: an address that
@@ -14,18 +14,13 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::engine::route::HEALTH_CHECK;
 
-/// How often the standby mode asks: often enough that two misses in a row fit in 500 ms with
-/// room for the takeover itself, rare enough to cost nothing (about 17 small packets a second).
-pub const EVERY: Duration = Duration::from_millis(120);
 /// How long one round waits for both replies. LocalDNS answers its probe name from memory, in
 /// well under a millisecond; a LocalDNS that has not answered in this long is not serving pods.
 pub const WAIT: Duration = Duration::from_millis(120);
@@ -37,12 +32,6 @@ pub const WAIT: Duration = Duration::from_millis(120);
 pub struct OwnProbes {
     ports: Vec<u16>,
     hosts: Vec<IpAddr>,
-    /// Set while LocalDNS holds the flows (see `standby`): a pod's query that reaches us then
-    /// says the steering points at our socket, as it does once a LocalDNS restart has moved us
-    /// into the index its closed socket left.
-    aside: AtomicBool,
-    /// Told when such a query arrives; the standby then points the steering away again.
-    pub strayed: Notify,
 }
 
 impl OwnProbes {
@@ -50,23 +39,6 @@ impl OwnProbes {
         OwnProbes {
             ports,
             hosts: listeners.iter().map(SocketAddr::ip).collect(),
-            ..OwnProbes::default()
-        }
-    }
-
-    /// Whether LocalDNS holds the flows (queries reaching us are then strays).
-    pub fn set_aside(&self, aside: bool) {
-        self.aside.store(aside, Ordering::Relaxed);
-    }
-
-    pub fn aside(&self) -> bool {
-        self.aside.load(Ordering::Relaxed)
-    }
-
-    /// A pod's query reached us: a stray while LocalDNS holds the flows.
-    pub fn reached_us(&self) {
-        if self.aside() {
-            self.strayed.notify_one();
         }
     }
 

@@ -1,6 +1,6 @@
 //! The fallback beside a LocalDNS that serves, in network namespaces: a start (by hand, by
 //! `OnFailure=`, by anything) never takes a flow from it and ends cleanly; the standby mode stays
-//! beside it, takes the flows within 0.5 s of LocalDNS going silent (bound and alive, answering
+//! beside it, takes the flows within 60 ms of LocalDNS going silent (bound and alive, reading
 //! nothing: a hung CoreDNS) and gives them back within 1 s of its answering again.
 
 mod common;
@@ -182,7 +182,7 @@ fn standby_starts_killed_restarted_and_stopped_beside_a_serving_localdns_take_no
 }
 
 #[test]
-fn standby_takes_a_silent_localdns_flows_within_half_a_second_and_gives_them_back() {
+fn standby_takes_a_hung_localdns_flows_within_60_ms_and_gives_them_back() {
     let (topo, up, _r) = node();
     let localdns = LocalDnsStandIn::start(&topo.node);
     let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
@@ -226,8 +226,10 @@ fn standby_takes_a_silent_localdns_flows_within_half_a_second_and_gives_them_bac
         samples.len()
     );
     assert!(by_fallback > 0, "{}", f.logs());
+    // Queries left unread in LocalDNS's sockets for 30 ms (looked at every 10 ms) take the flows;
+    // the pods here ask every 5 ms.
     assert!(
-        dark <= Duration::from_millis(500),
+        dark <= Duration::from_millis(60),
         "pods dark {dark:?} after LocalDNS went silent:\n{}",
         f.logs()
     );
@@ -264,7 +266,7 @@ fn standby_takes_a_silent_localdns_flows_within_half_a_second_and_gives_them_bac
     );
     let logs = f.logs();
     assert!(
-        logs.contains("LocalDNS stopped answering its probe; serving its listeners"),
+        logs.contains("LocalDNS left queries unread in its sockets; serving its listeners"),
         "{logs}"
     );
     assert!(

@@ -114,11 +114,13 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
         )
     );
 
-    // LocalDNS hangs: the standby takes the flows because its probe goes unanswered.
+    // LocalDNS hangs: the standby's own probe question waits unread in LocalDNS's socket, and
+    // the standby takes the flows (counted with the probe's cause: `stats` has none of its own
+    // for a queue left unread).
     localdns.hung.store(true, Ordering::Relaxed);
     assert!(
         f.wait_for_log(
-            "LocalDNS stopped answering its probe",
+            "LocalDNS left queries unread in its sockets",
             Duration::from_secs(5)
         ),
         "{}",

@@ -22,14 +22,12 @@ pub enum Proto {
     Tcp,
 }
 
-/// A member of a port's SO_REUSEPORT group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Member {
-    pub inode: u64,
-    /// Bytes waiting in a UDP socket's receive queue; connections in a TCP listener's accept
-    /// queue.
-    pub queued: u32,
-}
+/// A member of a port's SO_REUSEPORT group: its inode and what waits unread in it (a UDP
+/// socket's receive queue in bytes, a TCP listener's accept queue in connections).
+pub use crate::flows::Queue as Member;
+
+/// The members of the groups on one port, by local address.
+pub type Dump = Vec<(IpAddr, Member)>;
 
 /// A sock_diag socket, kept by a reader that looks often.
 pub struct Diag {
@@ -62,9 +60,20 @@ impl Diag {
     /// The sockets bound to exactly `addr` that are members of its group: unconnected UDP
     /// sockets, or TCP listeners.
     pub fn members(&self, addr: SocketAddr, proto: Proto) -> io::Result<Vec<Member>> {
+        let all = self.port(addr.port(), addr.is_ipv6(), proto)?;
+        Ok(all
+            .into_iter()
+            .filter(|(ip, _)| *ip == addr.ip())
+            .map(|(_, m)| m)
+            .collect())
+    }
+
+    /// The members of every group on `port` (of IPv6 addresses if `v6`), by local address: one
+    /// dump serves both listeners.
+    pub fn port(&self, port: u16, v6: bool, proto: Proto) -> io::Result<Dump> {
         socket::send(
             self.fd.as_raw_fd(),
-            &request(addr, proto),
+            &request(port, v6, proto),
             MsgFlags::empty(),
         )?;
         let mut members = Vec::new();
@@ -86,7 +95,7 @@ impl Diag {
                             .map_or(0, |c| i32::from_ne_bytes(c.try_into().expect("4")));
                         return Err(io::Error::from_raw_os_error(-code));
                     }
-                    _ => members.extend(member(&buf[at + 16..at + len], addr)),
+                    _ => members.extend(member(&buf[at + 16..at + len], port, v6)),
                 }
                 at += (len + 3) & !3;
             }
@@ -102,15 +111,16 @@ pub fn group_members(addr: SocketAddr, proto: Proto) -> io::Result<Vec<u64>> {
 
 /// nlmsghdr, inet_diag_req_v2 (the family, protocol and states; the socket id is not a filter in
 /// a dump) and a bytecode filter: source port equal to `addr`'s.
-fn request(addr: SocketAddr, proto: Proto) -> Vec<u8> {
+fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
     let (protocol, state) = match proto {
         Proto::Udp => (nix::libc::IPPROTO_UDP as u8, TCP_CLOSE),
         Proto::Tcp => (nix::libc::IPPROTO_TCP as u8, TCP_LISTEN),
     };
-    let family = match addr.ip() {
-        IpAddr::V4(_) => nix::libc::AF_INET as u8,
-        IpAddr::V6(_) => nix::libc::AF_INET6 as u8,
-    };
+    let family = if v6 {
+        nix::libc::AF_INET6
+    } else {
+        nix::libc::AF_INET
+    } as u8;
     const LEN: usize = 16 + 56 + 4 + 12;
     let mut m = Vec::with_capacity(LEN);
     m.extend_from_slice(&(LEN as u32).to_ne_bytes());
@@ -127,26 +137,26 @@ fn request(addr: SocketAddr, proto: Proto) -> Vec<u8> {
     m.extend_from_slice(&[INET_DIAG_BC_S_COND, 12]);
     m.extend_from_slice(&16u16.to_ne_bytes());
     m.extend_from_slice(&[0, 0, 0, 0]);
-    m.extend_from_slice(&i32::from(addr.port()).to_ne_bytes());
+    m.extend_from_slice(&i32::from(port).to_ne_bytes());
     m
 }
 
-/// An inet_diag_msg: the member it names if it is bound to exactly `addr` and unconnected.
-fn member(msg: &[u8], addr: SocketAddr) -> Option<Member> {
-    if msg.len() < 72 {
+/// An inet_diag_msg: its local address and the member it names, if it is unconnected.
+fn member(msg: &[u8], port: u16, v6: bool) -> Option<(IpAddr, Member)> {
+    if msg.len() < 72 || u16::from_be_bytes([msg[4], msg[5]]) != port || msg[6..8] != [0, 0] {
         return None;
     }
     let u32_at = |at: usize| u32::from_ne_bytes(msg[at..at + 4].try_into().expect("4"));
-    let port = u16::from_be_bytes([msg[4], msg[5]]);
-    let remote_port = u16::from_be_bytes([msg[6], msg[7]]);
-    let local = match addr.ip() {
-        IpAddr::V4(a) => msg[8..12] == a.octets(),
-        IpAddr::V6(a) => msg[8..24] == a.octets(),
+    let ip = if v6 {
+        IpAddr::from(<[u8; 16]>::try_from(&msg[8..24]).expect("16"))
+    } else {
+        IpAddr::from(<[u8; 4]>::try_from(&msg[8..12]).expect("4"))
     };
-    (local && port == addr.port() && remote_port == 0).then(|| Member {
+    let m = Member {
         inode: u64::from(u32_at(68)),
         queued: u32_at(56),
-    })
+    };
+    Some((ip, m))
 }
 
 #[cfg(test)]
@@ -155,7 +165,7 @@ mod tests {
 
     #[test]
     fn the_request_is_the_kernel_layout() {
-        let r = request("169.254.10.10:53".parse().unwrap(), Proto::Tcp);
+        let r = request(53, false, Proto::Tcp);
         assert_eq!(r.len(), 88);
         assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 88);
         assert_eq!(r[16..18], [nix::libc::AF_INET as u8, 6]);

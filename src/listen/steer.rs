@@ -5,7 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use super::diag::{Proto, group_members};
+use super::diag::{Diag, Dump, Member, Proto, group_members};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// Our place in the SO_REUSEPORT groups of one listener address (UDP and TCP have a group each).
@@ -190,6 +190,34 @@ impl Held {
                 false
             }
         }
+    }
+
+    /// LocalDNS's sockets in the groups of every listener in `held` (each member but ours), with
+    /// what waits in them, and whether it has one in each group. One dump per protocol.
+    pub fn look(diag: &Diag, held: &[Held]) -> io::Result<(Vec<Member>, bool)> {
+        let (mut theirs, mut complete) = (Vec::new(), true);
+        for proto in [Proto::Udp, Proto::Tcp] {
+            let mut dumped: Option<((u16, bool), Dump)> = None;
+            for h in held {
+                let (addr, ours) = match proto {
+                    Proto::Udp => (h.steering.addr, h.steering.udp.ours),
+                    Proto::Tcp => (h.steering.addr, h.steering.tcp.ours),
+                };
+                let key = (addr.port(), addr.is_ipv6());
+                if dumped.as_ref().is_none_or(|(k, _)| *k != key) {
+                    dumped = Some((key, diag.port(key.0, key.1, proto)?));
+                }
+                let all = dumped.as_ref().map_or(&[][..], |(_, d)| d.as_slice());
+                let before = theirs.len();
+                theirs.extend(
+                    all.iter()
+                        .filter(|(ip, m)| *ip == addr.ip() && m.inode != ours)
+                        .map(|(_, m)| *m),
+                );
+                complete &= theirs.len() > before;
+            }
+        }
+        Ok((theirs, complete))
     }
 
     /// Detaches the steering; the sockets close when this returns (if nothing else holds them).

@@ -226,15 +226,10 @@ pub fn run(relay: Relay) {
                     if let Some(l) = shell.listener.as_ref() {
                         let read = receive(l, &mut batch).unwrap_or(0);
                         let now = Instant::now();
-                        let mut reached = false;
                         for (packet, from) in batch.with_senders() {
                             if let Some(from) = from.filter(|&f| !own_probes.sent(f)) {
-                                reached = true;
                                 engine.handle_query(now, Client::Udp(from), packet);
                             }
-                        }
-                        if reached {
-                            own_probes.reached_us();
                         }
                         if let (true, Phase::HandedOver(d)) = (read > 0, &mut phase) {
                             d.activity(now);

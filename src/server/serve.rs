@@ -50,7 +50,7 @@ pub async fn serve(
     let running = Running::start(config, prepared, own_probes.clone()).await?;
     tokio::select! {
         () = shutdown => {}
-        () = standby::stand_by(prober, own_probes, running.held.clone(), running.config.clone(), running.counters.clone(), localdns_serves) => {}
+        () = standby::stand_by(prober, running.held.clone(), running.config.clone(), running.counters.clone(), localdns_serves) => {}
     }
     running.stop().await;
     Ok(())

@@ -6,22 +6,26 @@
 //! 0: the unit is not `failed`). With `--standby` the daemon binds and serves as usual, but its
 //! steering points at LocalDNS's sockets while LocalDNS answers: from the instant of the bind
 //! (steered to us first and handed over after, each start and restart took a few queries), and
-//! at the stop (the program stays: see `serve`). [`stand_by`] keeps asking, takes the flows after
-//! two silent rounds (within 0.5 s of LocalDNS going silent) and hands them back after two
-//! answered ones. Its own questions reach LocalDNS's sockets even while we hold the flows (the
-//! steering program lets them through, and the relay drops any that reach us).
+//! at the stop (the program stays: see `serve`). [`stand_by`] carries out what `flows` decides:
+//! it takes the flows when LocalDNS leaves queries unread in its sockets for 30 ms (the kernel's
+//! view, from sock_diag) or after two silent probe rounds, and hands them back after two answered
+//! ones. Its own questions reach LocalDNS's sockets even while we hold the flows (the steering
+//! program lets them through, and the relay drops any that reach us).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::socket::MsgFlags;
 use tokio::io::unix::AsyncFd;
 
 use crate::cli::Config;
+use crate::flows::{Flows, Holder, Out, Why};
 use crate::link;
-use crate::listen::Held;
+use crate::listen::{Diag, Held};
 use crate::probe::{self, OwnProbes, Prober, Seen};
 use crate::stats::{Counters, TakeoverCause};
 
@@ -70,26 +74,23 @@ pub fn begin(config: &Config, localdns_serves: bool) -> Result<(Prober, Arc<OwnP
     Ok((prober, own))
 }
 
-/// Runs until dropped: asks LocalDNS every `probe::EVERY` and moves the flows. Who holds them is
-/// `own.aside()` (LocalDNS), which the relays read too.
+/// A probe round under way; it hands the prober back when it ends.
+type Round = Pin<Box<dyn Future<Output = (Prober, Seen)> + Send>>;
+
+/// Runs until dropped: carries out what [`Flows`] decides (who holds the flows, when to ask the
+/// probe, when to read the kernel's view of the groups) and feeds it what it saw.
 pub async fn stand_by(
-    mut prober: Prober,
-    own: Arc<OwnProbes>,
+    prober: Prober,
     held: Arc<Mutex<Vec<Held>>>,
     config: Arc<Config>,
     counters: Arc<Counters>,
     initially: bool,
 ) {
-    let take = |why, cause| {
-        hold_flows(&held, &config);
-        tracing::info!("{why}; serving its listeners");
-        counters.takeovers.took_over(cause, SystemTime::now());
-        own.set_aside(false);
-    };
-    own.set_aside(initially);
-    if !initially {
-        take("LocalDNS does not answer", TakeoverCause::SilentProbe);
-    }
+    let mut flows = Flows::new(Instant::now(), initially);
+    // Without sock_diag the probe alone decides (as before the kernel's view was read).
+    let diag = Diag::open()
+        .inspect_err(|e| tracing::warn!(error = %e, "no sock_diag; a hung LocalDNS is noticed by its probe alone"))
+        .ok();
     let changes = match link::address_changes() {
         // SAFETY: an OwnedFd is an open descriptor that stays the same until it is dropped,
         // which the AsyncFd that owns it does.
@@ -101,88 +102,78 @@ pub async fn stand_by(
             tracing::debug!(error, "no address announcements; looking every 20 ms");
         })
         .ok();
-    let (mut silent, mut answered) = (0u32, 0u32);
-    // LocalDNS answers but is not in our groups: said once, not every round.
-    let mut said_stuck = false;
-    let mut next = tokio::time::Instant::now();
+    let mut prober = Some(prober);
+    let mut round: Option<Round> = None;
     loop {
-        // While LocalDNS holds the flows, its addresses are watched between and during rounds:
-        // its script deletes its link when LocalDNS stops or fails, and nothing can answer there
-        // until they are back, so there is nothing to ask first.
-        let watching = own.aside();
-        let seen = tokio::select! {
-            seen = async {
-                tokio::time::sleep_until(next).await;
-                next = tokio::time::Instant::now() + probe::EVERY;
-                prober.ask(probe::WAIT).await
-            } => Some(seen),
-            () = addresses_gone(&config, &changes), if watching => None,
-            never = keep_aside(&held, &own), if watching => match never {},
-        };
-        let Some(seen) = seen else {
-            take(
-                "the listener addresses are gone with LocalDNS's link",
-                TakeoverCause::AddressesGone,
-            );
-            (silent, answered) = (0, 0);
-            continue;
-        };
-        match seen {
-            Seen::Serving => {
-                silent = 0;
-                answered += 1;
-                if !own.aside() && answered >= ROUNDS_TO_ACT {
+        let now = Instant::now();
+        while let Some(out) = flows.poll(now) {
+            match out {
+                Out::Take(why) => {
+                    hold_flows(&held, &config);
+                    tracing::info!("{}; serving its listeners", said(why));
+                    counters.takeovers.took_over(cause(why), SystemTime::now());
+                }
+                Out::HandBack => {
                     if give_back(&held, &config) {
                         counters.takeovers.handed_back(SystemTime::now());
-                        own.set_aside(true);
-                        said_stuck = false;
-                    } else if !said_stuck {
-                        tracing::warn!(
-                            "LocalDNS answers, but has no socket in our ports' groups; serving on"
-                        );
-                        said_stuck = true;
                     }
                 }
-            }
-            Seen::Silent => {
-                answered = 0;
-                silent += 1;
-                if own.aside() && silent >= ROUNDS_TO_ACT {
-                    take(
-                        "LocalDNS stopped answering its probe",
-                        TakeoverCause::SilentProbe,
-                    );
-                } else if own.aside() {
-                    // Asked again at once: the takeover is due within 0.5 s of the silence.
-                    next = tokio::time::Instant::now();
-                } else if silent % 4 == 0 {
-                    // While we serve, a LocalDNS that joined the ports since we took them is
-                    // asked only once the steering knows it is there; and the addresses go back
-                    // on lo if something took them off (a stop of localdns-fallback.service
-                    // beside us runs its release).
+                Out::Repoint if flows.holder() == Holder::Standby => {
                     if !hold_flows(&held, &config).is_empty() {
                         tracing::info!("listener addresses were gone from lo; put back");
                     }
                 }
+                Out::Repoint => {
+                    Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
+                }
+                Out::Ask => {
+                    if let Some(mut p) = prober.take() {
+                        round = Some(Box::pin(async move {
+                            let seen = p.ask(probe::WAIT).await;
+                            (p, seen)
+                        }));
+                    }
+                }
+                Out::Look => {
+                    let Some(diag) = &diag else { continue };
+                    let lock = held.lock().unwrap_or_else(|p| p.into_inner());
+                    match Held::look(diag, &lock) {
+                        Ok((theirs, complete)) => flows.looked(now, &theirs, complete),
+                        Err(e) => tracing::debug!(error = %e, "cannot read the groups' sockets"),
+                    }
+                }
             }
+        }
+        let aside = flows.holder() == Holder::LocalDns;
+        tokio::select! {
+            (p, seen) = async { round.as_mut().expect("a round").await }, if round.is_some() => {
+                round = None;
+                prober = Some(p);
+                flows.asked(Instant::now(), seen == Seen::Serving);
+            }
+            () = tokio::time::sleep_until(flows.deadline().into()) => {}
+            // Its script deletes LocalDNS's link when LocalDNS stops or fails, and nothing can
+            // answer there until it is back: there is nothing to ask first.
+            () = addresses_gone(&config, &changes), if aside => flows.addresses_gone(),
         }
     }
 }
 
-/// The least time between two re-pointings of the steering on strays: a LocalDNS that is gone
-/// (not yet noticed) leaves us alone in the groups, where every query is a stray.
-const STRAY_PAUSE: Duration = Duration::from_millis(2);
+fn said(why: Why) -> &'static str {
+    match why {
+        Why::NotServing => "LocalDNS does not answer",
+        Why::SilentProbe => "LocalDNS stopped answering its probe",
+        Why::Unread => "LocalDNS left queries unread in its sockets",
+        Why::AddressesGone => "the listener addresses are gone with LocalDNS's link",
+    }
+}
 
-/// While LocalDNS holds the flows: each time a pod's query reaches us (a LocalDNS restart moved
-/// us into the index the steering picks), the steering is pointed away from us again, from the
-/// groups as they are now. That query is still answered; the next ones go to LocalDNS.
-async fn keep_aside(held: &Mutex<Vec<Held>>, own: &OwnProbes) -> std::convert::Infallible {
-    loop {
-        own.strayed.notified().await;
-        for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
-            h.stand_aside();
-        }
-        tokio::time::sleep(STRAY_PAUSE).await;
+/// The metrics' cause. `stats` has no cause of its own for queries left unread yet: they count
+/// as the probe's (both say LocalDNS is alive and not serving).
+fn cause(why: Why) -> TakeoverCause {
+    match why {
+        Why::AddressesGone => TakeoverCause::AddressesGone,
+        Why::NotServing | Why::SilentProbe | Why::Unread => TakeoverCause::SilentProbe,
     }
 }
 
@@ -196,31 +187,23 @@ fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config) -> Vec<std::net::IpAddr>
             Err(e) => tracing::warn!("cannot put the listener addresses on lo: {e}"),
         }
     }
-    refresh(held);
-    added
-}
-
-fn refresh(held: &Mutex<Vec<Held>>) {
     for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
         h.take();
     }
+    added
 }
 
-/// True once new flows go to LocalDNS; false if it has no socket in our ports' groups (then we
-/// keep serving, and the listener addresses stay on lo).
+/// New flows to LocalDNS and the addresses off lo; true if every group had a socket of its to
+/// take them (`flows` hands back only then; one that left since is found by the next look).
 fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
     let handed = Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
-    if !handed {
-        refresh(held);
-        return false;
-    }
     if config.link_setup {
         if let Err(e) = link::release_from_loopback(&super::prepare::link_addresses(config)) {
             tracing::warn!("cannot take the listener addresses off lo: {e}");
         }
     }
-    tracing::info!("LocalDNS answers again; new flows go to it");
-    true
+    tracing::info!(handed, "LocalDNS answers again; new flows go to it");
+    handed
 }
 
 /// How often the standby looks for LocalDNS's addresses while LocalDNS holds the flows, where
