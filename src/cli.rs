@@ -5,6 +5,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use crate::discover::{self, ServiceName, Source};
+use crate::engine::route::Routes;
+use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::wire;
 use crate::{cache, engine};
 
@@ -33,10 +35,12 @@ pub struct Config {
     pub cluster_listen: SocketAddr,
     pub node_upstreams: Vec<SocketAddr>,
     pub cluster_upstreams: Vec<SocketAddr>,
-    /// `--cluster-domain` as given (lower case, no final dot), for logs; the engine matches its
-    /// wire form in `engine.cluster_domain`.
+    /// `--cluster-domain` as given (lower case, no final dot).
     pub cluster_domain: String,
-    /// What each relay thread's engine decides with: `--cluster-domain`, `--upstream-timeout`,
+    /// `--vnet-dns-override` and `--kube-dns-override`, in order: the listener, the domain as
+    /// given, and where it goes. Laid over `--cluster-domain`'s defaults into `engine.routes`.
+    pub overrides: Vec<(ListenerRole, String, UpstreamGroup)>,
+    /// What each relay thread's engine decides with: the routes, `--upstream-timeout`,
     /// `--query-timeout`, `--max-inflight` and `--upstream-sockets` land here, and nowhere else.
     pub engine: engine::Settings,
     pub max_tcp_connections: usize,
@@ -68,6 +72,7 @@ impl Default for Config {
             node_upstreams: Vec::new(),
             cluster_upstreams: Vec::new(),
             cluster_domain: "cluster.local".into(),
+            overrides: Vec::new(),
             engine: engine::Settings::default(),
             max_tcp_connections: 256,
             tcp_idle_timeout: Duration::from_secs(10),
@@ -150,13 +155,16 @@ pub static FLAGS: &[Flag] = &[
         |c, v| Ok(c.discovery.cilium_socket = v.into()), |c| c.discovery.cilium_socket.display().to_string()),
     flag!("--rediscover-interval", "DUR", "how often kube-dns is looked for again while serving",
         |c, v| Ok(c.discovery.interval = parse_duration("--rediscover-interval", v)?), |c| show_duration(c.discovery.interval)),
-    flag!("--cluster-domain", "NAME", "names under it asked on the node listener go to kube-dns",
+    flag!("--cluster-domain", "NAME", "the default route to kube-dns of both listeners (a shorthand for the overrides below)",
         |c, v| {
-            c.engine.cluster_domain = wire::encode_name(v).map_err(|e| format!("--cluster-domain: {e}"))?;
-            c.cluster_domain = v.trim_end_matches('.').to_ascii_lowercase();
-            Ok(())
+            wire::encode_name(v).map_err(|e| format!("--cluster-domain {v:?}: {e}"))?;
+            Ok(c.cluster_domain = v.trim_end_matches('.').to_ascii_lowercase())
         },
         |c| c.cluster_domain.clone()),
+    flag!("--vnet-dns-override", "DOMAIN=DEST", "on the node listener, send DOMAIN and the names under it to DEST: VnetDNS or ClusterCoreDNS; repeatable, the longest match wins",
+        |c, v| override_route(c, ListenerRole::Node, "--vnet-dns-override", v), |c| show_overrides(c, ListenerRole::Node)),
+    flag!("--kube-dns-override", "DOMAIN=DEST", "the same on the cluster listener",
+        |c, v| override_route(c, ListenerRole::Cluster, "--kube-dns-override", v), |c| show_overrides(c, ListenerRole::Cluster)),
     flag!("--upstream-timeout", "DUR", "budget for one try at one upstream; then the next is tried",
         |c, v| Ok(c.engine.upstream_timeout = parse_duration("--upstream-timeout", v)?), |c| show_duration(c.engine.upstream_timeout)),
     flag!("--query-timeout", "DUR", "budget for a whole query; the client gets SERVFAIL (or stale) after it",
@@ -197,6 +205,83 @@ pub static FLAGS: &[Flag] = &[
         |c, v| Ok(c.log_level = v.parse().map_err(|_| format!("--log-level {v:?}: expected error, warn, info, debug or trace"))?),
         |c| c.log_level.to_string().to_ascii_lowercase()),
 ];
+
+/// `DOMAIN=VnetDNS|ClusterCoreDNS` (the AKS profile's `forwardDestination` names; `.` is every
+/// name): one more route for `listener`. The same domain twice is an error unless it says the
+/// same both times.
+fn override_route(
+    c: &mut Config,
+    listener: ListenerRole,
+    flag: &str,
+    v: &str,
+) -> Result<(), String> {
+    let bad = |why: &str| format!("{flag} {v:?}: {why}");
+    let (domain, dest) = v
+        .split_once('=')
+        .ok_or_else(|| bad("expected DOMAIN=VnetDNS or DOMAIN=ClusterCoreDNS"))?;
+    let group = match dest.to_ascii_lowercase().as_str() {
+        "vnetdns" => UpstreamGroup::VnetDns,
+        "clustercoredns" => UpstreamGroup::KubeDns,
+        _ => return Err(bad("the destination is VnetDNS or ClusterCoreDNS")),
+    };
+    let domain = match domain.trim_end_matches('.').to_ascii_lowercase() {
+        d if d.is_empty() && domain == "." => ".".to_string(),
+        d if d.is_empty() => return Err(bad("no domain before the =")),
+        d => {
+            wire::encode_name(&d).map_err(|e| bad(&e.to_string()))?;
+            d
+        }
+    };
+    match c
+        .overrides
+        .iter()
+        .find(|(l, d, _)| *l == listener && *d == domain)
+    {
+        Some(&(_, _, was)) if was != group => {
+            Err(bad(&format!("{domain} is already sent elsewhere")))
+        }
+        Some(_) => Ok(()),
+        None => Ok(c.overrides.push((listener, domain, group))),
+    }
+}
+
+fn show_overrides(c: &Config, listener: ListenerRole) -> String {
+    let given: Vec<String> = c
+        .overrides
+        .iter()
+        .filter(|(l, ..)| *l == listener)
+        .map(|(_, d, g)| format!("{d}={}", dest_name(*g)))
+        .collect();
+    if given.is_empty() {
+        "none".into()
+    } else {
+        given.join(",")
+    }
+}
+
+/// The AKS profile's name of a destination.
+pub fn dest_name(group: UpstreamGroup) -> &'static str {
+    match group {
+        UpstreamGroup::VnetDns => "VnetDNS",
+        UpstreamGroup::KubeDns => "ClusterCoreDNS",
+    }
+}
+
+/// `--cluster-domain`'s defaults with the overrides laid over them, in order.
+fn routes(c: &Config) -> Routes {
+    let wire_of = |d: &str| {
+        if d == "." {
+            vec![0]
+        } else {
+            wire::encode_name(d).unwrap_or_else(|_| vec![0])
+        }
+    };
+    let mut routes = Routes::defaults(&wire_of(&c.cluster_domain));
+    for (listener, domain, group) in &c.overrides {
+        routes.set(*listener, &wire_of(domain), *group);
+    }
+    routes
+}
 
 /// `--help`: what it is, then every flag with its default.
 pub fn usage() -> String {
@@ -290,6 +375,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
         };
         (flag.set)(&mut config, &value)?;
     }
+    config.engine.routes = routes(&config);
     check(&config)?;
     let config = Box::new(config);
     Ok(if discover {
@@ -452,8 +538,8 @@ mod tests {
         assert_eq!(c.cluster_listen.to_string(), "169.254.10.11:53");
         assert_eq!(c.node_upstreams, vec!["198.18.0.1:53".parse().unwrap()]);
         assert_eq!(
-            c.engine.cluster_domain,
-            wire::encode_name("cluster.local").unwrap()
+            c.engine.routes,
+            Routes::defaults(&wire::encode_name("cluster.local").unwrap())
         );
     }
 
@@ -486,6 +572,73 @@ mod tests {
         assert_eq!(c.engine.upstream_timeout, Duration::from_millis(300));
         assert_eq!(c.engine.query_timeout, Duration::from_secs(2));
         assert_eq!(c.cluster_domain, "corp.example");
+    }
+
+    #[test]
+    fn route_overrides() {
+        let name = |s: &str| wire::encode_name(s).unwrap();
+        let c = run(&[
+            "--vnet-dns-override",
+            "Contoso.Internal.=ClusterCoreDNS",
+            "--kube-dns-override=corp.example=VnetDNS",
+            "--kube-dns-override",
+            ".=VnetDNS",
+            "--vnet-dns-override",
+            "contoso.internal=clustercoredns",
+            "--cluster-domain",
+            "k8s.example",
+        ])
+        .unwrap();
+        let (node, cluster) = (ListenerRole::Node, ListenerRole::Cluster);
+        let r = &c.engine.routes;
+        assert_eq!(
+            r.group(node, &name("db.contoso.internal")),
+            UpstreamGroup::KubeDns
+        );
+        assert_eq!(
+            r.group(node, &name("a.k8s.example")),
+            UpstreamGroup::KubeDns
+        );
+        assert_eq!(
+            r.group(node, &name("a.cluster.local")),
+            UpstreamGroup::VnetDns
+        );
+        assert_eq!(
+            r.group(cluster, &name("example.com")),
+            UpstreamGroup::VnetDns
+        );
+        assert_eq!(
+            r.group(cluster, &name("svc.k8s.example")),
+            UpstreamGroup::KubeDns
+        );
+        assert_eq!(
+            show_overrides(&c, cluster),
+            "corp.example=VnetDNS,.=VnetDNS"
+        );
+        let err = |a: &[&str]| run(a).unwrap_err();
+        for (args, names) in [
+            (
+                &["--vnet-dns-override", "x.example=Google"][..],
+                "\"x.example=Google\"",
+            ),
+            (&["--vnet-dns-override", "x.example"], "DOMAIN=VnetDNS"),
+            (&["--kube-dns-override", "=VnetDNS"], "no domain"),
+            (
+                &["--kube-dns-override", "a..b=VnetDNS"],
+                "--kube-dns-override",
+            ),
+            (
+                &[
+                    "--vnet-dns-override",
+                    "a.b=VnetDNS",
+                    "--vnet-dns-override",
+                    "A.B.=ClusterCoreDNS",
+                ],
+                "already",
+            ),
+        ] {
+            assert!(err(args).contains(names), "{args:?}: {}", err(args));
+        }
     }
 
     #[test]
@@ -621,7 +774,7 @@ mod tests {
                 assert_eq!(shown, "off", "{}", f.name);
                 (f.set)(&mut c, "").unwrap();
                 assert_eq!((f.show)(&c), "on", "{}", f.name);
-            } else if !["discovered", "learned", "off"].contains(&shown.as_str()) {
+            } else if !["discovered", "learned", "off", "none"].contains(&shown.as_str()) {
                 (f.set)(&mut c, &shown).unwrap_or_else(|e| panic!("{}: {e}", f.name));
                 assert_eq!((f.show)(&c), shown, "{}", f.name);
             }

@@ -8,19 +8,25 @@ use localdns_fallback::cli::{self, Command};
 use localdns_fallback::{confine, report, server, status};
 use tokio::signal::unix::{SignalKind, signal};
 
+/// Prints to stdout; a reader that went away (`| head`) is no error of ours.
+fn out(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().write_all(text.as_bytes());
+}
+
 fn main() -> ExitCode {
     let config = match cli::parse(std::env::args().skip(1)) {
         Ok(Command::Run(config)) => *config,
         Ok(Command::Help) => {
-            println!("{}", cli::usage());
+            out(&format!("{}\n", cli::usage()));
             return ExitCode::SUCCESS;
         }
         Ok(Command::Discover { config, json }) => {
             let report = report::gather(&config);
             if json {
-                println!("{}", report::json(&config, &report));
+                out(&format!("{}\n", report::json(&config, &report)));
             } else {
-                print!("{}", report::text(&config, &report));
+                out(&report::text(&config, &report));
             }
             return if report.complete() {
                 ExitCode::SUCCESS

@@ -3,8 +3,9 @@
 use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::cli::Config;
+use crate::cli::{self, Config};
 use crate::discover::{explain, find_kube_dns, leases, resolv_conf};
+use crate::roles::ListenerRole;
 
 /// One group's upstreams, where they came from, and why there are none if so.
 #[derive(Debug)]
@@ -131,22 +132,55 @@ fn line(out: &mut String, label: &str, found: &Found) {
     }
 }
 
+/// The routes of `listener` in force, longest domain first: `cluster.local=ClusterCoreDNS .=VnetDNS`.
+fn routes(config: &Config, listener: ListenerRole) -> Vec<String> {
+    config
+        .engine
+        .routes
+        .of(listener)
+        .iter()
+        .map(|(domain, group)| {
+            // Our own encoding of a flag's domain: length-prefixed labels up to the root's 0.
+            let mut labels = Vec::new();
+            let mut at = 0;
+            while let Some(&len) = domain.get(at).filter(|&&l| l != 0) {
+                let label = domain
+                    .get(at + 1..at + 1 + len as usize)
+                    .unwrap_or_default();
+                labels.push(String::from_utf8_lossy(label).into_owned());
+                at += 1 + len as usize;
+            }
+            let name = if labels.is_empty() {
+                ".".into()
+            } else {
+                labels.join(".")
+            };
+            format!("{name}={}", cli::dest_name(*group))
+        })
+        .collect()
+}
+
 pub fn text(config: &Config, r: &Report) -> String {
-    let domain = &config.cluster_domain;
     let mut out = String::new();
-    let _ = writeln!(out, "node listener {}", config.node_listen);
-    line(
-        &mut out,
-        &format!("VNet DNS (names outside {domain}):"),
-        &r.vnet_dns,
-    );
-    line(
-        &mut out,
-        &format!("kube-dns (names under {domain}):"),
-        &r.kube_dns,
-    );
-    let _ = writeln!(out, "cluster listener {}", config.cluster_listen);
-    line(&mut out, "kube-dns (every name):", &r.kube_dns);
+    for (listener, addr) in [
+        (ListenerRole::Node, config.node_listen),
+        (ListenerRole::Cluster, config.cluster_listen),
+    ] {
+        let routes = routes(config, listener);
+        let _ = writeln!(out, "{} listener {addr}", listener.name());
+        let _ = writeln!(
+            out,
+            "  {:<40} {}",
+            "routes (longest match wins):",
+            routes.join(" ")
+        );
+        if routes.iter().any(|r| r.ends_with("=VnetDNS")) {
+            line(&mut out, "VNet DNS:", &r.vnet_dns);
+        }
+        if routes.iter().any(|r| r.ends_with("=ClusterCoreDNS")) {
+            line(&mut out, "kube-dns:", &r.kube_dns);
+        }
+    }
     if let Some(ip) = r.cluster_ip {
         let _ = writeln!(out, "kube-dns ClusterIP {ip}");
     }
@@ -164,11 +198,13 @@ pub fn json(config: &Config, r: &Report) -> String {
     let doc = serde_json::json!({
         "node_listener": {
             "address": config.node_listen.to_string(),
+            "routes": routes(config, ListenerRole::Node),
             "vnet_dns": group(&r.vnet_dns),
             "kube_dns": group(&r.kube_dns),
         },
         "cluster_listener": {
             "address": config.cluster_listen.to_string(),
+            "routes": routes(config, ListenerRole::Cluster),
             "kube_dns": group(&r.kube_dns),
         },
         "cluster_ip": r.cluster_ip.map(|ip| ip.to_string()),

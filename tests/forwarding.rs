@@ -76,11 +76,12 @@ struct Node {
 
 /// The usual node on loopback (no root).
 fn usual_node() -> Node {
-    usual_node_at(Site::Loopback)
+    usual_node_at(Site::Loopback, &[])
 }
 
-/// The usual node at `site`; in namespaces it listens on the node's own addresses, port 53.
-fn usual_node_at(site: Site) -> Node {
+/// The usual node at `site`, the forwarder run with `extra` flags; in namespaces it listens on the
+/// node's own addresses, port 53.
+fn usual_node_at(site: Site, extra: &[&str]) -> Node {
     let topo = match site {
         Site::Loopback => {
             require_tools(&["dig", "kdig", "dnsmasq", "unbound"]);
@@ -125,7 +126,7 @@ fn usual_node_at(site: Site) -> Node {
     );
     let (fwd, node, cluster, at) = match &topo {
         Some(topo) => (
-            start(topo, &[vnet_addr], &[kube_addr], &[]),
+            start(topo, &[vnet_addr], &[kube_addr], extra),
             listener(NODE),
             listener(CLUSTER),
             Place::from(&topo.node),
@@ -133,7 +134,7 @@ fn usual_node_at(site: Site) -> Node {
         None => {
             let fwd = Forwarder::spawn(
                 Place::Here,
-                &loopback_forwarder_args(&[vnet_addr], &[kube_addr], &[]),
+                &loopback_forwarder_args(&[vnet_addr], &[kube_addr], extra),
             );
             let node = fwd.listening_on("node", Duration::from_secs(10));
             let cluster = fwd.listening_on("cluster", Duration::from_secs(10));
@@ -185,6 +186,97 @@ fn external_names_on_the_node_listener_go_to_the_vnet_dns_only() {
     );
 }
 
+/// LocalDNS's per-domain routes (the AKS profile's vnetDNSOverrides and kubeDNSOverrides), asked
+/// with dig on both listeners over UDP and TCP: a private zone sent to the cluster's CoreDNS from
+/// the node listener, one name of kube-dns's domain sent to the VNet DNS from the cluster
+/// listener, the longest match winning, and the defaults everywhere else.
+#[test]
+fn per_domain_routes_send_each_name_where_the_profile_says() {
+    let n = usual_node_at(
+        Site::Loopback,
+        &[
+            "--vnet-dns-override",
+            "corp.example=ClusterCoreDNS",
+            "--vnet-dns-override",
+            "WWW.Corp.Example.=VnetDNS",
+            "--kube-dns-override",
+            "www.example=VnetDNS",
+        ],
+    );
+    let kube = vec![KUBE_DNS_EXAMPLE.to_string()];
+    let vnet = vec![VNET_ANSWER.to_string()];
+    for transport in ["+notcp", "+tcp"] {
+        let ask = |l, name| dig_to(&n.at, l, &[name, "A", transport]);
+        // Node listener: the private zone goes to kube-dns; its www (a longer override) and
+        // every other name to the VNet DNS, which knows nothing of the zone.
+        let r = ask(n.node, "db.corp.example");
+        assert_eq!(
+            r.answers, kube,
+            "node, db.corp.example {transport}: {}",
+            r.raw
+        );
+        let r = ask(n.node, "www.corp.example");
+        assert_ne!(
+            r.answers, kube,
+            "node, www.corp.example {transport}: {}",
+            r.raw
+        );
+        let r = ask(n.node, "www.example");
+        assert_eq!(r.answers, vnet, "node, www.example {transport}: {}", r.raw);
+        let r = ask(n.node, KUBERNETES);
+        assert_eq!(
+            r.answers,
+            vec![KUBERNETES_IP.to_string()],
+            "node {transport}: {}",
+            r.raw
+        );
+        // Cluster listener: www.example to the VNet DNS, the rest of example. to kube-dns.
+        let r = ask(n.cluster, "www.example");
+        assert_eq!(
+            r.answers, vnet,
+            "cluster, www.example {transport}: {}",
+            r.raw
+        );
+        let r = ask(n.cluster, "other.example");
+        assert_eq!(
+            r.answers, kube,
+            "cluster, other.example {transport}: {}",
+            r.raw
+        );
+        let r = ask(n.cluster, "db.corp.example");
+        assert_eq!(
+            r.answers, kube,
+            "cluster, db.corp.example {transport}: {}",
+            r.raw
+        );
+    }
+}
+
+/// A bad route is a start-up error naming the flag and the value, never a forwarder that starts.
+#[test]
+fn a_bad_route_override_is_a_start_up_error_naming_it() {
+    for (flag, value) in [
+        ("--vnet-dns-override", "corp.example=Google"),
+        ("--kube-dns-override", "=VnetDNS"),
+        ("--kube-dns-override", "a..b=VnetDNS"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_localdns-fallback"))
+            .args([flag, value])
+            .output()
+            .expect("run the binary");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(flag) && err.contains(value), "{err}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_localdns-fallback"))
+        .args(["--vnet-dns-override", "a.example=VnetDNS"])
+        .args(["--vnet-dns-override", "A.example=ClusterCoreDNS"])
+        .output()
+        .expect("run the binary");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already"));
+}
+
 #[test]
 fn tcp_works_on_both_listeners() {
     let n = usual_node();
@@ -196,7 +288,7 @@ fn tcp_works_on_both_listeners() {
 
 #[test]
 fn glibc_resolves_through_the_node_listener() {
-    let n = usual_node_at(Site::Namespaces);
+    let n = usual_node_at(Site::Namespaces, &[]);
     let node_ns = &n.topo.as_ref().expect("a namespace node").node;
     node_ns.set_resolv_conf(&format!(
         "nameserver {NODE}\noptions timeout:5 attempts:1\n"

@@ -17,10 +17,58 @@ pub enum Route {
     Upstream(UpstreamGroup),
 }
 
-/// LocalDNS's routing: the health-check name and search-path junk are answered locally; the
-/// cluster listener sends everything to kube-dns; the node listener sends the cluster domain to
-/// kube-dns and the rest to the VNet DNS.
-pub fn route(listener: ListenerRole, name: &[u8], cluster_domain: &[u8]) -> Route {
+/// Where each listener sends each name, as LocalDNS's profile routes it (`vnetDNSOverrides` for the
+/// node listener, `kubeDNSOverrides` for the cluster listener): per listener, domains with the
+/// group they go to; the longest suffix of whole labels wins, case-insensitive, and the root
+/// (`.`) always matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routes {
+    /// Node listener's, then the cluster listener's: (domain in lower-case wire form, group),
+    /// longest domain first, so the first match is the longest.
+    by_listener: [Vec<(Vec<u8>, UpstreamGroup)>; 2],
+}
+
+impl Routes {
+    /// LocalDNS's defaults with this cluster domain: the node listener sends it to kube-dns and
+    /// the rest to the VNet DNS; the cluster listener sends everything to kube-dns.
+    pub fn defaults(cluster_domain: &[u8]) -> Routes {
+        let mut routes = Routes {
+            by_listener: [Vec::new(), Vec::new()],
+        };
+        routes.set(ListenerRole::Node, b"\0", UpstreamGroup::VnetDns);
+        routes.set(ListenerRole::Cluster, b"\0", UpstreamGroup::KubeDns);
+        for listener in [ListenerRole::Node, ListenerRole::Cluster] {
+            routes.set(listener, cluster_domain, UpstreamGroup::KubeDns);
+        }
+        routes
+    }
+
+    /// Sends `domain` (wire form) and the names under it, on `listener`, to `group`; a route
+    /// for the same domain is replaced.
+    pub fn set(&mut self, listener: ListenerRole, domain: &[u8], group: UpstreamGroup) {
+        let list = &mut self.by_listener[listener as usize];
+        let domain = domain.to_ascii_lowercase();
+        list.retain(|(d, _)| *d != domain);
+        let at = list.partition_point(|(d, _)| d.len() >= domain.len());
+        list.insert(at, (domain, group));
+    }
+
+    pub fn group(&self, listener: ListenerRole, name: &[u8]) -> UpstreamGroup {
+        self.by_listener[listener as usize]
+            .iter()
+            .find(|(domain, _)| wire::labels_below(name, domain).is_some())
+            .map_or(UpstreamGroup::KubeDns, |&(_, group)| group)
+    }
+
+    /// The routes of `listener`, longest domain first.
+    pub fn of(&self, listener: ListenerRole) -> &[(Vec<u8>, UpstreamGroup)] {
+        &self.by_listener[listener as usize]
+    }
+}
+
+/// LocalDNS's routing: the health-check name and search-path junk are answered locally; every
+/// other name goes where `routes` sends it on this listener.
+pub fn route(listener: ListenerRole, name: &[u8], routes: &Routes) -> Route {
     if name.eq_ignore_ascii_case(HEALTH_CHECK) {
         return Route::Local(rcode::NOERROR);
     }
@@ -31,13 +79,7 @@ pub fn route(listener: ListenerRole, name: &[u8], cluster_domain: &[u8]) -> Rout
     {
         return Route::Local(rcode::NXDOMAIN);
     }
-    match listener {
-        ListenerRole::Cluster => Route::Upstream(UpstreamGroup::KubeDns),
-        ListenerRole::Node if wire::labels_below(name, cluster_domain).is_some() => {
-            Route::Upstream(UpstreamGroup::KubeDns)
-        }
-        ListenerRole::Node => Route::Upstream(UpstreamGroup::VnetDns),
-    }
+    Route::Upstream(routes.group(listener, name))
 }
 
 /// What to do with a client's packet before any upstream or cache is involved.
@@ -53,7 +95,7 @@ pub enum Decision {
 pub fn decide(
     listener: ListenerRole,
     packet: &[u8],
-    cluster_domain: &[u8],
+    routes: &Routes,
     out: &mut Vec<u8>,
 ) -> Decision {
     match wire::parse_query(packet) {
@@ -62,7 +104,7 @@ pub fn decide(
             wire::header_only_reply(packet, code, out);
             Decision::Answered
         }
-        Ok(q) => match route(listener, q.name(packet), cluster_domain) {
+        Ok(q) => match route(listener, q.name(packet), routes) {
             Route::Local(code) => {
                 wire::local_reply(packet, &q, code, out);
                 Decision::Answered
@@ -78,7 +120,7 @@ mod tests {
 
     #[test]
     fn routes_as_localdns_does() {
-        let cd = wire::encode_name("cluster.local").unwrap();
+        let cd = Routes::defaults(&wire::encode_name("cluster.local").unwrap());
         let name = |s: &str| wire::encode_name(s).unwrap();
         let (node, cluster) = (ListenerRole::Node, ListenerRole::Cluster);
         let kube = Route::Upstream(UpstreamGroup::KubeDns);
@@ -100,5 +142,43 @@ mod tests {
         assert_eq!(HEALTH_CHECK, name("health-check.localdns.local").as_slice());
         assert_eq!(REDDOG, name("reddog.microsoft.com").as_slice());
         assert_eq!(CLOUDAPP_INTERNAL, name("internal.cloudapp.net").as_slice());
+    }
+
+    /// The profile's overrides: the longest suffix of whole labels wins, case-insensitive, per
+    /// listener; a route set again replaces the first.
+    #[test]
+    fn overrides_take_the_longest_whole_label_suffix() {
+        let name = |s: &str| wire::encode_name(s).unwrap();
+        let (node, cluster) = (ListenerRole::Node, ListenerRole::Cluster);
+        let kube = Route::Upstream(UpstreamGroup::KubeDns);
+        let vnet = Route::Upstream(UpstreamGroup::VnetDns);
+        let mut r = Routes::defaults(&name("cluster.local"));
+        r.set(node, &name("Contoso.Internal"), UpstreamGroup::KubeDns);
+        r.set(node, &name("pub.contoso.internal"), UpstreamGroup::VnetDns);
+        r.set(cluster, &name("corp.example"), UpstreamGroup::VnetDns);
+        assert_eq!(route(node, &name("db.CONTOSO.internal"), &r), kube);
+        assert_eq!(route(node, &name("www.pub.contoso.internal"), &r), vnet);
+        assert_eq!(
+            route(node, &name("xcontoso.internal"), &r),
+            vnet,
+            "whole labels"
+        );
+        assert_eq!(route(node, &name("contoso.internal"), &r), kube);
+        assert_eq!(route(cluster, &name("contoso.internal"), &r), kube);
+        assert_eq!(route(cluster, &name("a.corp.example"), &r), vnet);
+        assert_eq!(route(node, &name("a.corp.example"), &r), vnet);
+        assert_eq!(route(cluster, &name("svc.cluster.local"), &r), kube);
+        r.set(node, &name("contoso.internal"), UpstreamGroup::VnetDns);
+        assert_eq!(route(node, &name("db.contoso.internal"), &r), vnet);
+        r.set(cluster, b"\0", UpstreamGroup::VnetDns);
+        assert_eq!(route(cluster, &name("example.com"), &r), vnet);
+        assert_eq!(
+            route(cluster, &name("kubernetes.default.svc.cluster.local"), &r),
+            kube
+        );
+        assert_eq!(
+            r.of(node).last().map(|(d, _)| d.as_slice()),
+            Some(&b"\0"[..])
+        );
     }
 }
