@@ -62,6 +62,36 @@ pub struct Config {
     pub discovery: discover::Settings,
 }
 
+impl Config {
+    /// The routes of `listener` in force, longest domain first, as the flags take them:
+    /// `cluster.local=ClusterCoreDNS`, `.=VnetDNS`.
+    pub fn routes_shown(&self, listener: ListenerRole) -> Vec<String> {
+        self.engine
+            .routes
+            .of(listener)
+            .iter()
+            .map(|(domain, group)| {
+                // Our own encoding of a flag's domain: length-prefixed labels up to the root's 0.
+                let mut labels = Vec::new();
+                let mut at = 0;
+                while let Some(&len) = domain.get(at).filter(|&&l| l != 0) {
+                    let label = domain
+                        .get(at + 1..at + 1 + len as usize)
+                        .unwrap_or_default();
+                    labels.push(String::from_utf8_lossy(label).into_owned());
+                    at += 1 + len as usize;
+                }
+                let name = if labels.is_empty() {
+                    ".".into()
+                } else {
+                    labels.join(".")
+                };
+                format!("{name}={}", dest_name(*group))
+            })
+            .collect()
+    }
+}
+
 /// The defaults, written once: `--help` and the README's flag table show them from here (through
 /// [`FLAGS`]), and the engine's, the cache's and discovery's own come from their `Default`.
 impl Default for Config {
@@ -260,7 +290,7 @@ fn show_overrides(c: &Config, listener: ListenerRole) -> String {
 }
 
 /// The AKS profile's name of a destination.
-pub fn dest_name(group: UpstreamGroup) -> &'static str {
+fn dest_name(group: UpstreamGroup) -> &'static str {
     match group {
         UpstreamGroup::VnetDns => "VnetDNS",
         UpstreamGroup::KubeDns => "ClusterCoreDNS",

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::cli::{self, Config};
+use crate::cli::Config;
 use crate::discover::{explain, find_kube_dns, leases, resolv_conf};
 use crate::roles::ListenerRole;
 
@@ -132,41 +132,13 @@ fn line(out: &mut String, label: &str, found: &Found) {
     }
 }
 
-/// The routes of `listener` in force, longest domain first: `cluster.local=ClusterCoreDNS .=VnetDNS`.
-fn routes(config: &Config, listener: ListenerRole) -> Vec<String> {
-    config
-        .engine
-        .routes
-        .of(listener)
-        .iter()
-        .map(|(domain, group)| {
-            // Our own encoding of a flag's domain: length-prefixed labels up to the root's 0.
-            let mut labels = Vec::new();
-            let mut at = 0;
-            while let Some(&len) = domain.get(at).filter(|&&l| l != 0) {
-                let label = domain
-                    .get(at + 1..at + 1 + len as usize)
-                    .unwrap_or_default();
-                labels.push(String::from_utf8_lossy(label).into_owned());
-                at += 1 + len as usize;
-            }
-            let name = if labels.is_empty() {
-                ".".into()
-            } else {
-                labels.join(".")
-            };
-            format!("{name}={}", cli::dest_name(*group))
-        })
-        .collect()
-}
-
 pub fn text(config: &Config, r: &Report) -> String {
     let mut out = String::new();
     for (listener, addr) in [
         (ListenerRole::Node, config.node_listen),
         (ListenerRole::Cluster, config.cluster_listen),
     ] {
-        let routes = routes(config, listener);
+        let routes = config.routes_shown(listener);
         let _ = writeln!(out, "{} listener {addr}", listener.name());
         let _ = writeln!(
             out,
@@ -198,13 +170,13 @@ pub fn json(config: &Config, r: &Report) -> String {
     let doc = serde_json::json!({
         "node_listener": {
             "address": config.node_listen.to_string(),
-            "routes": routes(config, ListenerRole::Node),
+            "routes": config.routes_shown(ListenerRole::Node),
             "vnet_dns": group(&r.vnet_dns),
             "kube_dns": group(&r.kube_dns),
         },
         "cluster_listener": {
             "address": config.cluster_listen.to_string(),
-            "routes": routes(config, ListenerRole::Cluster),
+            "routes": config.routes_shown(ListenerRole::Cluster),
             "kube_dns": group(&r.kube_dns),
         },
         "cluster_ip": r.cluster_ip.map(|ip| ip.to_string()),

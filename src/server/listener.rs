@@ -137,24 +137,14 @@ fn log_listener(
     udp: &UdpSocket,
 ) {
     let (recv_buffer, send_buffer) = listen::buffers(udp);
-    match role {
-        ListenerRole::Node => tracing::info!(
-            listener = role.name(),
-            %addr,
-            vnet_dns = ?sets.vnet_dns.addrs(),
-            kube_dns = ?sets.kube_dns.addrs(),
-            cluster_domain = %config.cluster_domain,
-            recv_buffer,
-            send_buffer,
-            "serving UDP and TCP: the cluster domain goes to kube-dns, all else to the VNet DNS"
-        ),
-        ListenerRole::Cluster => tracing::info!(
-            listener = role.name(),
-            %addr,
-            kube_dns = ?sets.kube_dns.addrs(),
-            recv_buffer,
-            send_buffer,
-            "serving UDP and TCP: every name goes to kube-dns"
-        ),
-    }
+    tracing::info!(
+        listener = role.name(),
+        %addr,
+        routes = %config.routes_shown(role).join(" "),
+        vnet_dns = ?sets.vnet_dns.addrs(),
+        kube_dns = ?sets.kube_dns.addrs(),
+        recv_buffer,
+        send_buffer,
+        "serving UDP and TCP"
+    );
 }
