@@ -319,15 +319,15 @@ pub fn usage() -> String {
     for f in FLAGS {
         let head = format!("{} {}", f.name, f.value);
         out += &format!(
-            "    {:<27} {} [default: {}]\n",
+            "    {:<31}  {} [default: {}]\n",
             head.trim_end(),
             f.help,
             f.default_shown()
         );
     }
-    out += "    --json                      with discover: print JSON\n";
-    out += "    -h, --help                  print this help\n";
-    out += "    -V, --version               print the version\n\n";
+    out += "    --json                           with discover: print JSON\n";
+    out += "    -h, --help                       print this help\n";
+    out += "    -V, --version                    print the version\n\n";
     out += "DUR is a number with a unit: 500ms, 2s, 1m, 1h.";
     out
 }

@@ -114,10 +114,14 @@ fn the_readme_flag_table_agrees_with_help() {
         .expect("a ## Flags section")
         .lines()
         .filter_map(|l| {
-            let mut cells = l.strip_prefix('|')?.split('|').map(|c| c.trim().trim_matches('`'));
+            let mut cells = l
+                .strip_prefix('|')?
+                .split('|')
+                .map(|c| c.trim().trim_matches('`'));
             let head = cells.next()?;
             let default = cells.next()?;
-            (head.starts_with("--") && !default.is_empty())
+            let flag = head.strip_prefix("--")?;
+            (flag.starts_with(|c: char| c.is_ascii_alphabetic()) && !default.is_empty())
                 .then(|| (head.to_string(), default.to_string()))
         })
         .collect();
