@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use hickory_proto::op::{Message, MessageType, OpCode};
 use hickory_proto::rr::RecordType;
 use localdns_fallback::cache::{Key, KeyHasher};
-use localdns_fallback::engine::route::{Route, route};
+use localdns_fallback::engine::route::{Route, Routes, route};
 use localdns_fallback::frame::FrameDecoder;
 use localdns_fallback::roles::{ListenerRole, UpstreamGroup};
 use localdns_fallback::wire::{self, Reject, rcode};
@@ -80,7 +80,8 @@ pub fn client_packet(packet: &[u8]) -> Option<wire::Query> {
             differential_query(packet, &q);
             let name = q.name(packet);
             for listener in ListenerRole::BOTH {
-                if let Route::Local(code) = route(listener, name, CLUSTER_DOMAIN) {
+                let routes = Routes::defaults(CLUSTER_DOMAIN);
+                if let Route::Local(code) = route(listener, name, &routes) {
                     assert!(code == rcode::NOERROR || code == rcode::NXDOMAIN);
                 }
             }
