@@ -228,9 +228,9 @@ case $action in
         [[ -x $binary ]] || { echo "install.sh: no binary at $binary (cargo build --release first)" >&2; exit 1; }
         foreign=$(foreign_unit)
         [[ -z $foreign ]] || { echo "install.sh: not installed: $foreign" >&2; exit 1; }
-        # The standby is enabled on every node, except where an administrator disabled it: a
-        # standby installed before (this drop-in or the package's units) without its link. Under
-        # the 0.1 drop-in it was never enabled, so that is no administrator's choice.
+        # The standby is enabled on every node, except on an upgrade that finds it installed and
+        # not enabled: an administrator disabled it. Under 0.1's drop-in wiring it was never
+        # enabled, so there its missing link is no administrator's choice.
         standby=1
         if [[ -n $upgrade && ! -L $root/$standby_link && -z $(old_wiring_left) ]]; then standby=""; fi
         for entry in "${files[@]}"; do
@@ -291,6 +291,7 @@ case $action in
         else
             standby="standby disabled (systemctl disable): only OnFailure= covers LocalDNS"
         fi
-        echo "check OK: ${root:-/}: binary and units in place; localdns.service has both lines; $standby; systemd-analyze verify clean"
+        if [[ -n $(localdns_unit) ]]; then lines="localdns.service has both lines"; else lines="no localdns.service yet (our drop-in holds both lines)"; fi
+        echo "check OK: ${root:-/}: binary and units in place; $lines; $standby; systemd-analyze verify clean"
         ;;
 esac

@@ -121,7 +121,7 @@ pub(crate) fn phases(suite: Suite, boot: Boot) {
 /// LocalDNS's server is stopped (SIGSTOP: bound, alive, answering nothing) until the standby unit
 /// has taken the flows and a moment more, then continued. Returns the worst target's dark time
 /// (ms) and the time from SIGCONT until every probe is LocalDNS's again (ms). Fails the test when
-/// pods are dark more than 500 ms, or LocalDNS is not serving them again within 1 s.
+/// pods are dark more than 150 ms, or LocalDNS is not serving them again within 1 s.
 fn hung_localdns(c: &mut Container) -> (f64, f64) {
     let p = Prober::start(c, "hung");
     c.ok("kill -STOP $(cat /run/localdns-test/coredns.pid)");
@@ -144,9 +144,12 @@ fn hung_localdns(c: &mut Container) -> (f64, f64) {
         .max()
         .unwrap_or(resumed);
     let back = ms(last_not_localdns.saturating_sub(resumed));
-    if dark > 500.0 {
+    // The standby reads LocalDNS's socket queues every 10 ms and takes the flows after 30 ms of
+    // queries left unread (about 40-60 ms dark measured); 150 ms leaves a loaded machine room and
+    // is still a fifth of what the probe alone needed.
+    if dark > 150.0 {
         c.fail(&format!(
-            "a hung LocalDNS left pods dark {dark:.0} ms with the standby unit (at most 500 ms)"
+            "a hung LocalDNS left pods dark {dark:.0} ms with the standby unit (at most 150 ms)"
         ));
     }
     if back > 1000.0 {
