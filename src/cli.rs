@@ -271,7 +271,10 @@ fn override_route(
             Err(bad(&format!("{domain} is already sent elsewhere")))
         }
         Some(_) => Ok(()),
-        None => Ok(c.overrides.push((listener, domain, group))),
+        None => {
+            c.overrides.push((listener, domain, group));
+            Ok(())
+        }
     }
 }
 
