@@ -446,15 +446,22 @@ impl Engine {
             id: wire::id(packet),
         };
         if let Some(orphan) = self.take_orphan(&leg) {
+            let end = wire::question_name_end(packet, wire::HEADER_LEN);
+            let name = end.and_then(|end| packet.get(wire::HEADER_LEN..end));
+            // A reply with another question is a spoof (it kept a dead server alive, so its
+            // group was never known down), and the real reply may still come. (An error with no
+            // question matches on ID and source alone.)
+            let question = u16::from_be_bytes([packet[4], packet[5]]) != 0;
+            if question && name.is_none_or(|n| pending::name_hash(n) != orphan.name) {
+                self.orphans.insert(TryKey::of(&leg), orphan);
+                return;
+            }
             // A late answer to a query already answered: it still proves the upstream alive.
             let took = now.saturating_duration_since(orphan.sent);
             self.note_reply(orphan.group, from, took, orphan.counted, now);
             // The name was answered after all, only late: not one to fail at once.
-            if !self.unanswered.is_empty() {
-                let end = wire::question_name_end(packet, wire::HEADER_LEN);
-                if let Some(name) = end.and_then(|end| packet.get(wire::HEADER_LEN..end)) {
-                    self.unanswered.retain(|k, _| !k.is_for(name));
-                }
+            if let Some(name) = name.filter(|_| !self.unanswered.is_empty()) {
+                self.unanswered.retain(|k, _| !k.is_for(name));
             }
             return;
         }

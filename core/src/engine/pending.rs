@@ -85,12 +85,7 @@ impl Pending {
     /// The question's name, hashed (FNV-1a, any case): upstream health tells one name's
     /// failures from another's.
     pub fn name_hash(&self) -> u64 {
-        self.q
-            .name(&self.query)
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-                (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x100_0000_01b3)
-            })
+        name_hash(self.q.name(&self.query))
     }
 
     pub fn live_tries(&self) -> usize {
@@ -115,6 +110,13 @@ impl Pending {
             .iter()
             .position(|t| t.is_some_and(|t| t.leg == *leg))
     }
+}
+
+/// A wire-form name hashed (FNV-1a, any case).
+pub fn name_hash(name: &[u8]) -> u64 {
+    name.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Up to `MAX_TRIES` upstreams.
