@@ -252,7 +252,7 @@ fn group_of(role: ListenerRole, nid: usize) -> usize {
 }
 
 /// What identifies an answer: group, name and the query bits that change it (RD, CD, EDNS, DO).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct MKey {
     group: usize,
     nid: usize,
@@ -381,6 +381,10 @@ struct History {
     late_timers: bool,
     /// The group whose backend dies with another healthy: every query answered within 100 ms.
     death: Option<usize>,
+    /// Both of its backends die, at this ms, under bursts: hedges stay within their budget.
+    outage: Option<u64>,
+    /// Which steps were timers firing.
+    timer_steps: Vec<bool>,
     budget: u64,
     try_time: u64,
     // What happened.
@@ -589,6 +593,9 @@ fn run_history(seed: u64) -> Result<(), String> {
             rng.random_range(0..2)
         }
     });
+    // Sometimes both die at once: a full outage, under bursts of new names.
+    let outage = death.is_some() && rng.random_bool(0.05);
+    let died_at = rng.random_range(2_000..20_000);
     let mut servers = Vec::new();
     let mut sets: [Vec<(u64, Vec<usize>)>; 2] = [Vec::new(), Vec::new()];
     for g in 0..2 {
@@ -601,8 +608,8 @@ fn run_history(seed: u64) -> Result<(), String> {
         for i in 0..n {
             let index = servers.len();
             let mut s = draw_server(&mut rng, g, i as u8 + 1, index, death == Some(g));
-            if death == Some(g) && i == 1 {
-                s.dies = Some(rng.random_range(2_000..20_000));
+            if death == Some(g) && (i == 1 || outage) {
+                s.dies = Some(died_at);
             }
             servers.push(s);
             set.push(index);
@@ -646,7 +653,7 @@ fn run_history(seed: u64) -> Result<(), String> {
     // Through a backend's death, sometimes bursts of new names: half of each burst goes to the
     // dead one until it is known dead, more hedges than the budget holds (the cache off, so that
     // every query goes upstream).
-    let death_bursts = death.is_some() && rng.random_bool(0.1);
+    let death_bursts = death.is_some() && (outage || rng.random_bool(0.05));
     let cache = !death_bursts && rng.random_bool(0.9);
     let max_inflight = if small {
         rng.random_range(4..=12)
@@ -696,7 +703,9 @@ fn run_history(seed: u64) -> Result<(), String> {
         cache,
         max_inflight,
         late_timers,
-        death,
+        death: death.filter(|_| !outage),
+        outage: outage.then_some(died_at),
+        timer_steps: Vec::new(),
         budget,
         try_time,
         clients: Vec::new(),
@@ -707,7 +716,7 @@ fn run_history(seed: u64) -> Result<(), String> {
 
     // The clients' queries: gaps from none (bursts) to seconds.
     let mut t = 0;
-    let count = rng.random_range(20..70);
+    let count = rng.random_range(15..60);
     let bursty = small || rng.random_bool(0.15);
     for i in 0..count {
         t += match rng.random_range(0..10) {
@@ -755,11 +764,7 @@ fn run_history(seed: u64) -> Result<(), String> {
         });
     }
     if let (Some(g), true) = (death, death_bursts) {
-        let died = h
-            .servers
-            .iter()
-            .find_map(|s| s.dies.filter(|_| s.group == g))
-            .expect("a death");
+        let died = died_at;
         let n = h.clients.len();
         for b in 0..16 * 20 {
             let i = n + b;
@@ -1059,6 +1064,7 @@ fn run_history(seed: u64) -> Result<(), String> {
             (None, None) => break,
         };
         step += 1;
+        h.timer_steps.push(timer_first);
         if step > 100_000 {
             return Err(format!(
                 "runaway at {now} ms: timer {due:?}, input {next_input:?}"
@@ -1082,10 +1088,14 @@ fn run_history(seed: u64) -> Result<(), String> {
                 c.step = step;
                 if trace {
                     note(format!(
-                        "{now:>6} [{step}] q{i} e{} asks {} flags {}",
+                        "{now:>6} [{step}] q{i} e{} asks {} flags {} (down: {:?})",
                         c.engine,
                         String::from_utf8_lossy(&c.query[13..c.query.len().min(40)]),
-                        c.key.flags
+                        c.key.flags,
+                        UpstreamGroup::BOTH.map(|g| engines[0]
+                            .upstreams()
+                            .get(g)
+                            .down(at(now), settings.query_timeout))
                     ));
                 }
                 engines[c.engine].handle_query(at(now), c.client, &c.query);
@@ -1115,7 +1125,10 @@ fn run_history(seed: u64) -> Result<(), String> {
                     note(format!(
                         "{now:>6} [{step}] reply from {from} id {} {}",
                         wire::id(&bytes),
-                        if valid.is_some() { "valid" } else { "SPOOFED" }
+                        match valid {
+                            Some(v) => format!("valid for try#{}", v.0),
+                            None => "SPOOFED".to_string(),
+                        }
                     ));
                 }
                 engines[engine].handle_reply(at(now), leg.via, from, &bytes);
@@ -1221,6 +1234,33 @@ fn end_udp_tries(h: &mut History, engine: usize, server: usize, now: u64) {
 
 fn judge(h: &History) -> Result<(), String> {
     let (budget, try_time) = (h.budget, h.try_time);
+    let stale_after = Settings::default().stale_after.as_millis() as u64;
+    let mut idx = Index {
+        sent_by_server: vec![Vec::new(); h.servers.len()],
+        heard_by_server: vec![Vec::new(); h.servers.len()],
+    };
+    for (i, s) in h.sent.iter().enumerate() {
+        idx.sent_by_server[s.server].push(i);
+    }
+    for (i, r) in h.heard.iter().enumerate() {
+        idx.heard_by_server[h.sent[r.sent].server].push(i);
+    }
+    // The sends of each listener and key, in order: the checks below look them up often.
+    let mut by_key: std::collections::HashMap<(usize, MKey), Vec<usize>> = Default::default();
+    for (i, s) in h.sent.iter().enumerate() {
+        by_key.entry((s.engine, s.key)).or_default().push(i);
+    }
+    let sends_of = |c: &Client0| {
+        by_key
+            .get(&(c.engine, c.key))
+            .map_or(&[][..], |v| v.as_slice())
+    };
+    // Did this client's query start one of its own (a try went out as it was asked)?
+    let first_askers: Vec<bool> = h
+        .clients
+        .iter()
+        .map(|c| sends_of(c).iter().any(|&k| h.sent[k].step == c.step))
+        .collect();
     let cap = h.max_inflight;
     let default_cap = cap == Settings::default().max_inflight;
     let udp = h.transport == Transport::Udp;
@@ -1293,11 +1333,8 @@ fn judge(h: &History) -> Result<(), String> {
         // Sends for this client's own query: the same listener and key, from when it asked.
         let own =
             |s: &Sent| s.engine == c.engine && s.key == c.key && s.step >= c.step && s.step <= st;
-        let first_asker = h
-            .sent
-            .iter()
-            .any(|s| s.engine == c.engine && s.key == c.key && s.step == c.step);
-        let tries = h.sent.iter().filter(|s| own(s)).count();
+        let first_asker = first_askers[i];
+        let tries = sends_of(c).iter().filter(|&&k| own(&h.sent[k])).count();
         let stable = h.set_stable(g, c.at.saturating_sub(4_000), c.at + budget);
         let reached: Vec<&Heard> = h
             .heard
@@ -1483,7 +1520,7 @@ fn judge(h: &History) -> Result<(), String> {
                     let down = h
                         .set_at(g, c.at)
                         .iter()
-                        .all(|&sv| silent(h, sv, c.at, c.step, false));
+                        .all(|&sv| silent(h, &idx, sv, c.at, c.step, false));
                     if !name_failed && !down && !h.set_at(g, c.at).is_empty() {
                         return Err(format!(
                             "{what}: SERVFAIL at once with a server not shown silent"
@@ -1537,7 +1574,9 @@ fn judge(h: &History) -> Result<(), String> {
         if default_cap && h.set_stable(g, c.at.saturating_sub(4_000), c.at) {
             let set = h.set_at(g, c.at);
             if !set.is_empty()
-                && set.iter().all(|&sv| silent(h, sv, c.at, c.step, true))
+                && set
+                    .iter()
+                    .all(|&sv| silent(h, &idx, sv, c.at, c.step, true))
                 && !at_once
             {
                 return Err(format!(
@@ -1551,6 +1590,56 @@ fn judge(h: &History) -> Result<(), String> {
                 "{what}: {m:?} after {} ms, one backend dead, the other healthy",
                 t - c.at
             ));
+        }
+    }
+
+    // A full outage under bursts: hedges stay within their budget. Each new query earns a fifth
+    // of a hedge, 50 are saved up at most, and a probe's hedge is free (a probe per server per
+    // 500 ms). A hedge is a send when a timer fires while another try for the key is out, and
+    // not a move on after a whole try budget.
+    if let Some(died) = h.outage {
+        let window = died..died + 2_000;
+        let g = h
+            .sent
+            .iter()
+            .find(|s| h.servers[s.server].dies == Some(died))
+            .map_or(0, |s| s.key.group);
+        let probes = 2 * (window.end - window.start) as usize / 500 + 2;
+        for e in 0..h.roles.len() {
+            let started = h
+                .clients
+                .iter()
+                .filter(|c| c.engine == e && window.contains(&c.at))
+                .count();
+            let out_at = |p: &Sent, t: u64| {
+                p.answered.is_none_or(|r| r > t) && p.ended.is_none_or(|x| x > t)
+            };
+            let hedges = h
+                .sent
+                .iter()
+                .filter(|s| {
+                    s.engine == e
+                        && s.key.group == g
+                        && window.contains(&s.at)
+                        && h.timer_steps[s.step - 1]
+                })
+                .filter(|s| {
+                    let same = by_key[&(e, s.key)]
+                        .iter()
+                        .map(|&k| &h.sent[k])
+                        .filter(|p| p.step < s.step && out_at(p, s.at));
+                    let another_out = same.clone().any(|p| s.at < p.at + try_time);
+                    let timed_out = same
+                        .clone()
+                        .any(|p| (p.at + try_time..=p.at + try_time + MAX_LATE).contains(&s.at));
+                    another_out && !timed_out
+                })
+                .count();
+            if hedges > 50 + started / 5 + probes {
+                return Err(format!(
+                    "an outage from {died} ms: {hedges} hedges for {started} new queries on listener {e}"
+                ));
+            }
         }
     }
 
@@ -1596,6 +1685,26 @@ fn judge(h: &History) -> Result<(), String> {
                         c.at
                     ));
                 }
+                // Expired when asked, still servable when the client-response timer fires: the
+                // stale answer comes then at the latest (RFC 8767), if this client started the
+                // query.
+                let fresh_for = (u64::from(kept) * 1000).max(MIN_TTL_MS);
+                let timer = c.at + stale_after + MAX_LATE;
+                let first_asker = first_askers[i];
+                if c.key == d.key
+                    && c.step > answered[j].1
+                    && c.at >= t1 + fresh_for
+                    && timer < stored + fresh_for + MAX_STALE_MS
+                    && first_asker
+                    && answered[i].0 > timer
+                {
+                    return Err(format!(
+                        "q{i} for {} at {} ms: answered at {} ms, though q{j}'s answer (at {t1} ms) was there to serve stale",
+                        name_of(c.key.nid),
+                        c.at,
+                        answered[i].0
+                    ));
+                }
             }
         }
     }
@@ -1622,26 +1731,37 @@ fn name_failed_lately(h: &History, c: &Client0) -> bool {
     })
 }
 
+/// The sends and valid replies of each server.
+struct Index {
+    sent_by_server: Vec<Vec<usize>>,
+    heard_by_server: Vec<Vec<usize>>,
+}
+
 /// Is `server` silent on the evidence at `t` (the input at `step`): since its last reply, tries
 /// for two names (or one name for a whole budget) left unanswered for their whole time or
 /// refused by the network, the latest judged within the last second? `strict`: surely so, with
 /// margins for late timers (for what must happen); else possibly so (for what may).
-fn silent(h: &History, server: usize, t: u64, step: usize, strict: bool) -> bool {
+fn silent(h: &History, idx: &Index, server: usize, t: u64, step: usize, strict: bool) -> bool {
     let since = if strict {
         h.replaced_at(h.servers[server].group, t)
     } else {
         0
     };
-    let last_reply = h
-        .heard
+    let last_reply = idx.heard_by_server[server]
         .iter()
-        .filter(|r| r.taken(h) && h.sent[r.sent].server == server && r.step < step)
+        .map(|&k| &h.heard[k])
+        // A reply to a try the network ended (an ICMP error for its server) may still be
+        // taken, if its query was freed as the error came: life when life is required.
+        .filter(|r| (if strict { r.first } else { r.taken(h) }) && r.step < step)
         .map(|r| r.at)
         .max();
     let after = |sent_at: u64| last_reply.is_none_or(|r| sent_at > r) && sent_at >= since;
     // (sent, judged, name): None for a refusal, which is about the server, not a name.
     let mut evidence: Vec<(u64, u64, Option<usize>)> = Vec::new();
-    for s in h.sent.iter().filter(|s| s.server == server) {
+    // The engine takes the latest judgment of any unanswered try, one sent before the last
+    // reply too (see the report of issue 35): allowed, not required.
+    let mut latest_any = 0;
+    for s in idx.sent_by_server[server].iter().map(|&k| &h.sent[k]) {
         let judged = s.at + h.try_time;
         let unanswered =
             s.answered.is_none_or(|r| r >= judged) && s.ended.is_none_or(|e| e >= judged);
@@ -1650,6 +1770,9 @@ fn silent(h: &History, server: usize, t: u64, step: usize, strict: bool) -> bool
         } else {
             judged <= t
         };
+        if unanswered && in_time {
+            latest_any = latest_any.max(judged);
+        }
         if unanswered && in_time && after(s.at) {
             evidence.push((s.at, judged, Some(s.key.nid)));
         }
@@ -1659,6 +1782,7 @@ fn silent(h: &History, server: usize, t: u64, step: usize, strict: bool) -> bool
         .iter()
         .filter(|r| r.server == server && r.step < step)
     {
+        latest_any = latest_any.max(r.at);
         if after(r.sent_at) {
             evidence.push((r.sent_at, r.at, None));
         }
@@ -1672,7 +1796,7 @@ fn silent(h: &History, server: usize, t: u64, step: usize, strict: bool) -> bool
     if strict {
         two_names && t - latest + 1 < 1000
     } else {
-        (two_names || t + MAX_LATE + 1 >= first + h.budget) && latest + 1000 + MAX_LATE > t
+        (two_names || t + MAX_LATE + 1 >= first + h.budget) && latest_any + 1000 + MAX_LATE > t
     }
 }
 
