@@ -9,7 +9,8 @@
 //! Two detectors take the flows from a LocalDNS that stops serving. The kernel's view is the
 //! fast one: a LocalDNS that stops reading (SIGSTOP, a deadlock, a frozen cgroup) leaves what
 //! reaches its sockets queued there, and a socket whose queue stays non-empty and never shrinks
-//! for [`UNREAD_FOR`] is not being read. The probe (two silent rounds) catches the rest: a quiet
+//! for [`UNREAD_FOR`] is not being read; unless the process holding it is runnable (it waits for
+//! a CPU: starved, or throttled by its slice's quota), which the shell is asked before a take. The probe (two silent rounds) catches the rest: a quiet
 //! node where nothing queues, and a LocalDNS that reads but does not answer. Two answered rounds
 //! give the flows back, once LocalDNS has a socket in every group.
 
@@ -21,12 +22,26 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(120);
 /// Rounds in a row that decide: two silent ones take the flows, two answered ones give them back
 /// (one lost reply under load moves nothing).
 const ROUNDS_TO_ACT: u32 = 2;
-/// How often the kernel's view is read while LocalDNS holds the flows: a stall is seen at most
-/// this late. While we hold them it is read once a probe round, to follow the groups' members.
+/// How often the kernel's view is read while LocalDNS holds the flows and its queues were empty
+/// at the last look: a query left unread is seen at most this late. A look is a sock_diag dump of
+/// the node's UDP and TCP listener tables (about 50 µs of kernel time), so this is most of what
+/// the standby costs beside a serving LocalDNS. While we hold the flows the view is read once a
+/// probe round, to follow the groups' members.
 pub const LOOK_EVERY: Duration = Duration::from_millis(10);
-/// A LocalDNS socket whose queue has been non-empty and not shrinking this long is not read. A
-/// healthy LocalDNS never left one so long (`tests/unread.rs` measures it: at its own maximum
-/// rate, in bursts, and while starting up).
+/// How often it is read while a queue is not empty: often enough to see a queue that is read
+/// shrink. A LocalDNS at its maximum rate keeps its queues non-empty, and the kernel frees their
+/// memory in batches, so a queue that is read rises and falls in a saw of a few milliseconds; a
+/// fixed period can alias with it into a queue that looks as if it only rose (it did, at 5 ms).
+/// So the period varies, 1 to 3 ms, with what was queued.
+pub const LOOK_BUSY: Duration = Duration::from_millis(1);
+/// A LocalDNS socket whose queue has been non-empty and not shrinking this long is not read,
+/// unless its process waits for a CPU. `tests/unread.rs` measures a healthy one, read every
+/// millisecond: at most 5 ms in bursts of 2,000 queries, 12 ms at its maximum rate with 4
+/// sockets a listener; with 1 socket at 280,000 queries/s, starved by its load generator on a
+/// shared two-core machine, 36 ms, found runnable and left be.
+/// One idle look in this many reads the TCP listeners too (half a look's cost): a TCP client
+/// waits for a LocalDNS that stopped reading at most this many looks longer to be noticed.
+const TCP_EVERY_LOOKS: u32 = 5;
 pub const UNREAD_FOR: Duration = Duration::from_millis(30);
 /// After handing back flows the queues took, the queues take nothing for this long (the probe
 /// still does): a LocalDNS that its CPU quota freezes for tens of milliseconds at a time looks
@@ -63,8 +78,14 @@ pub enum Out {
     Repoint,
     /// Start a probe round; report it with [`Flows::asked`].
     Ask,
-    /// Read the kernel's view now; report it with [`Flows::looked`].
-    Look,
+    /// Are the processes that hold the sockets of [`Flows::suspects`] runnable (a thread in
+    /// state R)? Report it with [`Flows::owners`].
+    CheckOwners,
+    /// Read the kernel's view now; report it with [`Flows::looked`]. The TCP listeners' accept
+    /// queues only when `tcp` (an idle look reads UDP alone, and takes the TCP members as they
+    /// were, with nothing waiting): every look while a queue is busy, else every
+    /// `TCP_EVERY_LOOKS`th.
+    Look { tcp: bool },
 }
 
 /// One of LocalDNS's sockets (a member of a listener's group that is not ours).
@@ -97,6 +118,8 @@ pub struct Flows {
     /// LocalDNS has a socket in every group: there is someone to hand the flows to.
     complete: bool,
     looked_once: bool,
+    last_look: Instant,
+    looks: u32,
     unread_rests_until: Option<Instant>,
     out: VecDeque<Out>,
 }
@@ -116,6 +139,8 @@ impl Flows {
             watched: Vec::new(),
             complete: false,
             looked_once: false,
+            last_look: now,
+            looks: 0,
             unread_rests_until: None,
             out: VecDeque::new(),
         };
@@ -149,12 +174,17 @@ impl Flows {
             return Some(Out::Ask);
         }
         if now >= self.next_look {
+            let queued: u64 = self.watched.iter().map(|w| u64::from(w.queued)).sum();
+            let busy = queued > 0;
             self.next_look = now
                 + match self.holder {
+                    Holder::LocalDns if busy => LOOK_BUSY * (1 + (queued % 3) as u32),
                     Holder::LocalDns => LOOK_EVERY,
                     Holder::Standby => PROBE_EVERY,
                 };
-            return Some(Out::Look);
+            self.looks = self.looks.wrapping_add(1);
+            let tcp = busy || self.looks % TCP_EVERY_LOOKS == 1;
+            return Some(Out::Look { tcp });
         }
         None
     }
@@ -193,6 +223,7 @@ impl Flows {
     /// ours), and whether it has one in every group.
     pub fn looked(&mut self, now: Instant, theirs: &[Queue], complete: bool) {
         self.complete = complete;
+        self.last_look = now;
         let mut inodes: Vec<u64> = theirs.iter().map(|q| q.inode).collect();
         inodes.sort_unstable();
         let mut before: Vec<u64> = self.watched.iter().map(|w| w.inode).collect();
@@ -222,13 +253,41 @@ impl Flows {
             self.out.push_back(Out::Repoint);
         }
         let resting = self.unread_rests_until.is_some_and(|until| now < until);
-        let stalled = self
-            .watched
+        if self.holder == Holder::LocalDns && !resting && !self.suspects().is_empty() {
+            self.out.push_back(Out::CheckOwners);
+        }
+    }
+
+    /// LocalDNS's sockets whose queue has been non-empty and unshrinking for [`UNREAD_FOR`].
+    pub fn suspects(&self) -> Vec<u64> {
+        let now = self.last_look;
+        self.watched
             .iter()
-            .filter_map(|w| w.since)
-            .any(|since| now.saturating_duration_since(since) >= UNREAD_FOR);
-        if self.holder == Holder::LocalDns && stalled && !resting {
+            .filter(|w| {
+                w.since
+                    .is_some_and(|s| now.saturating_duration_since(s) >= UNREAD_FOR)
+            })
+            .map(|w| w.inode)
+            .collect()
+    }
+
+    /// Whether a process holding a suspect socket is runnable at `now`. A queue left unread by
+    /// a process that waits for a CPU (starved by its neighbours, throttled by its slice's
+    /// quota) is not a hang: it is timed afresh, and the probe judges a starvation that lasts.
+    /// One stopped (SIGSTOP), frozen or blocked is: the flows are taken.
+    pub fn owners(&mut self, now: Instant, runnable: bool) {
+        if self.holder != Holder::LocalDns {
+            return;
+        }
+        if !runnable {
             self.take(Why::Unread);
+            return;
+        }
+        let suspects = self.suspects();
+        for w in &mut self.watched {
+            if suspects.contains(&w.inode) {
+                w.since = Some(now);
+            }
         }
     }
 

@@ -26,8 +26,9 @@ pub enum Proto {
 /// socket's receive queue in bytes, a TCP listener's accept queue in connections).
 pub use crate::flows::Queue as Member;
 
-/// The members of the groups on one port, by local address.
-pub type Dump = Vec<(IpAddr, Member)>;
+/// The members of the groups on one port: local address, member, and the id of the cgroup
+/// (v2) of the process that made the socket.
+pub type Dump = Vec<(IpAddr, Member, u64)>;
 
 /// A sock_diag socket, kept by a reader that looks often.
 pub struct Diag {
@@ -63,8 +64,8 @@ impl Diag {
         let all = self.port(addr.port(), addr.is_ipv6(), proto)?;
         Ok(all
             .into_iter()
-            .filter(|(ip, _)| *ip == addr.ip())
-            .map(|(_, m)| m)
+            .filter(|e| e.0 == addr.ip())
+            .map(|e| e.1)
             .collect())
     }
 
@@ -141,8 +142,11 @@ fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
     m
 }
 
-/// An inet_diag_msg: its local address and the member it names, if it is unconnected.
-fn member(msg: &[u8], port: u16, v6: bool) -> Option<(IpAddr, Member)> {
+const INET_DIAG_CGROUP_ID: u16 = 21;
+
+/// An inet_diag_msg and its attributes: its local address, the member it names if it is
+/// unconnected, and its cgroup.
+fn member(msg: &[u8], port: u16, v6: bool) -> Option<(IpAddr, Member, u64)> {
     if msg.len() < 72 || u16::from_be_bytes([msg[4], msg[5]]) != port || msg[6..8] != [0, 0] {
         return None;
     }
@@ -156,7 +160,71 @@ fn member(msg: &[u8], port: u16, v6: bool) -> Option<(IpAddr, Member)> {
         inode: u64::from(u32_at(68)),
         queued: u32_at(56),
     };
-    Some((ip, m))
+    let (mut at, mut cgroup) = (72, 0);
+    while at + 4 <= msg.len() {
+        let len = usize::from(u16::from_ne_bytes([msg[at], msg[at + 1]]));
+        let ty = u16::from_ne_bytes([msg[at + 2], msg[at + 3]]);
+        if len < 4 || at + len > msg.len() {
+            break;
+        }
+        if ty == INET_DIAG_CGROUP_ID && len >= 12 {
+            cgroup = u64::from_ne_bytes(msg[at + 4..at + 12].try_into().expect("8"));
+        }
+        at += (len + 3) & !3;
+    }
+    Some((ip, m, cgroup))
+}
+
+/// Whether a process that made one of `sockets` (inode, cgroup id) has a thread running or
+/// waiting for a CPU (state R): its unread queue is then starvation or its slice's CPU quota,
+/// not a hang. Found through the sockets' cgroups (v2; a cgroup id is its directory's inode
+/// number), whose threads anyone may list and whose states anyone may read: the standby keeps no
+/// capability to look into another process's descriptors. `paths` keeps the directories found,
+/// by id. A socket of the root cgroup or of one not found counts as not runnable: the queue
+/// alone decides.
+pub fn owner_runnable(cgroups: &[u64], paths: &mut Vec<(u64, std::path::PathBuf)>) -> bool {
+    let root = cgroup_root();
+    cgroups.iter().any(|&id| {
+        if !paths.iter().any(|(i, _)| *i == id) {
+            if let Some(p) = find_cgroup(&root, id) {
+                paths.push((id, p));
+            }
+        }
+        let Some((_, path)) = paths.iter().find(|(i, _)| *i == id) else {
+            return false;
+        };
+        if *path == root {
+            return false;
+        }
+        let threads = std::fs::read_to_string(path.join("cgroup.threads")).unwrap_or_default();
+        threads.lines().any(|tid| {
+            std::fs::read_to_string(format!("/proc/{}/stat", tid.trim())).is_ok_and(|s| {
+                s.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('R'))
+            })
+        })
+    })
+}
+
+fn cgroup_root() -> std::path::PathBuf {
+    let v2 = std::path::Path::new("/sys/fs/cgroup");
+    if v2.join("cgroup.controllers").exists() {
+        v2.to_path_buf()
+    } else {
+        v2.join("unified")
+    }
+}
+
+fn find_cgroup(dir: &std::path::Path, id: u64) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata(dir).ok()?.ino() == id {
+        return Some(dir.to_path_buf());
+    }
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .find_map(|e| find_cgroup(&e.path(), id))
 }
 
 #[cfg(test)]

@@ -128,6 +128,9 @@ impl Steering {
     }
 }
 
+/// Sockets seen in a look, each with its cgroup id.
+pub type Looked = Vec<(Member, u64)>;
+
 /// One listener's steering and a descriptor of each of its sockets, kept by start-up for the
 /// hand-over (see `handoff`): the steering is followed while we serve, re-pointed when we hand
 /// over, and, if we could not, detached right before the sockets close, which is when this is
@@ -192,30 +195,29 @@ impl Held {
         }
     }
 
-    /// LocalDNS's sockets in the groups of every listener in `held` (each member but ours), with
-    /// what waits in them, and whether it has one in each group. One dump per protocol.
-    pub fn look(diag: &Diag, held: &[Held]) -> io::Result<(Vec<Member>, bool)> {
+    /// LocalDNS's sockets in the `proto` groups of every listener in `held` (each member but
+    /// ours), with what waits in them and their cgroup, and whether it has one in each group.
+    /// One dump.
+    pub fn look(diag: &Diag, held: &[Held], proto: Proto) -> io::Result<(Looked, bool)> {
         let (mut theirs, mut complete) = (Vec::new(), true);
-        for proto in [Proto::Udp, Proto::Tcp] {
-            let mut dumped: Option<((u16, bool), Dump)> = None;
-            for h in held {
-                let (addr, ours) = match proto {
-                    Proto::Udp => (h.steering.addr, h.steering.udp.ours),
-                    Proto::Tcp => (h.steering.addr, h.steering.tcp.ours),
-                };
-                let key = (addr.port(), addr.is_ipv6());
-                if dumped.as_ref().is_none_or(|(k, _)| *k != key) {
-                    dumped = Some((key, diag.port(key.0, key.1, proto)?));
-                }
-                let all = dumped.as_ref().map_or(&[][..], |(_, d)| d.as_slice());
-                let before = theirs.len();
-                theirs.extend(
-                    all.iter()
-                        .filter(|(ip, m)| *ip == addr.ip() && m.inode != ours)
-                        .map(|(_, m)| *m),
-                );
-                complete &= theirs.len() > before;
+        let mut dumped: Option<((u16, bool), Dump)> = None;
+        for h in held {
+            let (addr, ours) = match proto {
+                Proto::Udp => (h.steering.addr, h.steering.udp.ours),
+                Proto::Tcp => (h.steering.addr, h.steering.tcp.ours),
+            };
+            let key = (addr.port(), addr.is_ipv6());
+            if dumped.as_ref().is_none_or(|(k, _)| *k != key) {
+                dumped = Some((key, diag.port(key.0, key.1, proto)?));
             }
+            let all = dumped.as_ref().map_or(&[][..], |(_, d)| d.as_slice());
+            let before = theirs.len();
+            theirs.extend(
+                all.iter()
+                    .filter(|(ip, m, _)| *ip == addr.ip() && m.inode != ours)
+                    .map(|&(_, m, cgroup)| (m, cgroup)),
+            );
+            complete &= theirs.len() > before;
         }
         Ok((theirs, complete))
     }

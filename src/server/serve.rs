@@ -48,10 +48,17 @@ pub async fn serve(
     }
     let (prober, own_probes) = standby::begin(&config, localdns_serves)?;
     let running = Running::start(config, prepared, own_probes.clone()).await?;
-    tokio::select! {
-        () = shutdown => {}
-        () = standby::stand_by(prober, running.held.clone(), running.config.clone(), running.counters.clone(), localdns_serves) => {}
-    }
+    // A task of its own: its looks wake one worker, where the stop's future would wake two.
+    let standing = tokio::spawn(standby::stand_by(
+        prober,
+        running.held.clone(),
+        running.config.clone(),
+        running.counters.clone(),
+        localdns_serves,
+    ));
+    shutdown.await;
+    standing.abort();
+    let _ = standing.await;
     running.stop().await;
     Ok(())
 }

@@ -25,7 +25,7 @@ use tokio::io::unix::AsyncFd;
 use crate::cli::Config;
 use crate::flows::{Flows, Holder, Out, Why};
 use crate::link;
-use crate::listen::{Diag, Held};
+use crate::listen::{Diag, Held, Looked, Proto};
 use crate::probe::{self, OwnProbes, Prober, Seen};
 use crate::stats::{Counters, TakeoverCause};
 
@@ -104,6 +104,11 @@ pub async fn stand_by(
         .ok();
     let mut prober = Some(prober);
     let mut round: Option<Round> = None;
+    // LocalDNS's cgroups' directories, by id (see `owner_runnable`).
+    let mut cgroup_paths = Vec::new();
+    // LocalDNS's sockets at the last look, and the TCP listeners as last read (see `Out::Look`).
+    let mut seen = Looked::new();
+    let mut tcp_seen: std::io::Result<(Looked, bool)> = Ok((Looked::new(), false));
     loop {
         let now = Instant::now();
         while let Some(out) = flows.poll(now) {
@@ -134,12 +139,34 @@ pub async fn stand_by(
                         }));
                     }
                 }
-                Out::Look => {
+                Out::CheckOwners => {
+                    let suspects = flows.suspects();
+                    let cgroups: Vec<u64> = seen
+                        .iter()
+                        .filter(|(m, _)| suspects.contains(&m.inode))
+                        .map(|&(_, c)| c)
+                        .collect();
+                    let runnable = crate::listen::owner_runnable(&cgroups, &mut cgroup_paths);
+                    tracing::debug!(runnable, "LocalDNS leaves a queue unread");
+                    flows.owners(now, runnable);
+                }
+                Out::Look { tcp } => {
                     let Some(diag) = &diag else { continue };
                     let lock = held.lock().unwrap_or_else(|p| p.into_inner());
-                    match Held::look(diag, &lock) {
-                        Ok((theirs, complete)) => flows.looked(now, &theirs, complete),
-                        Err(e) => tracing::debug!(error = %e, "cannot read the groups' sockets"),
+                    if tcp {
+                        tcp_seen = Held::look(diag, &lock, Proto::Tcp);
+                    } else if let Ok((theirs, _)) = &mut tcp_seen {
+                        theirs.iter_mut().for_each(|(m, _)| m.queued = 0);
+                    }
+                    match (Held::look(diag, &lock, Proto::Udp), &tcp_seen) {
+                        (Ok((udp, udp_complete)), Ok((tcp, tcp_complete))) => {
+                            seen = udp;
+                            seen.extend_from_slice(tcp);
+                            let queues: Vec<_> = seen.iter().map(|&(m, _)| m).collect();
+                            flows.looked(now, &queues, udp_complete && *tcp_complete);
+                        }
+                        (Err(e), _) => tracing::debug!(error = %e, "cannot read the groups"),
+                        (_, Err(e)) => tracing::debug!(error = %e, "cannot read the groups"),
                     }
                 }
             }
