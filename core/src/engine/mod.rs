@@ -503,7 +503,11 @@ impl Engine {
             let refetch = p.ntries < MAX_TRIES && now < p.deadline;
             // With no try left, a truncated answer is passed on only when nothing else is out:
             // another try, a fetch over TCP among them, may still bring the whole answer.
-            let others_out = p.live_tries() > 1;
+            let others_out = p
+                .tries
+                .iter()
+                .enumerate()
+                .any(|(i, t)| i != try_no && t.is_some_and(|t| t.live));
             if refetch || others_out {
                 self.end_try(slot, try_no, false);
                 self.note_reply(
