@@ -527,6 +527,15 @@ fn mark(reply: &[u8]) -> Mark {
     }
 }
 
+/// A spoofer's data in place of the upstream's: taken, it shows in what the client gets.
+fn poison(reply: &mut [u8]) {
+    let Some(r) = wire::records(reply).and_then(|rs| rs.into_iter().find(|r| r.rtype != 41)) else {
+        return;
+    };
+    let at = r.ttl_offset + 6 + if r.rtype == 6 { 2 } else { 1 };
+    reply[at] = 66;
+}
+
 /// The OPT record of a message: (present, DO).
 fn opt_of(reply: &[u8]) -> (bool, bool) {
     let Some(records) = wire::records(reply) else {
@@ -952,53 +961,6 @@ fn run_history(seed: u64) -> Result<(), String> {
                         let (reply, kind, tc, version, ttl) =
                             upstream_reply(&bytes, &h, s, key, leg.via, now + b.delay);
                         let valid = Some((si, kind, tc, version, ttl));
-                        if roll(&mut rng, s.spoof) {
-                            let mut spoof = reply.clone();
-                            let mut from = leg.to;
-                            if let Some(at) = spoof
-                                .iter()
-                                .position(|&x| x == 10)
-                                .filter(|_| kind == Kind::Answer && !tc)
-                            {
-                                spoof[at] = 66;
-                            }
-                            match rng.random_range(0..4) {
-                                0 => {
-                                    let id = wire::id(&spoof) ^ rng.random_range(1..=u16::MAX);
-                                    wire::set_id(&mut spoof, id);
-                                }
-                                1 => from.set_port(5353),
-                                2 => from = SocketAddr::from(([198, 18, group as u8, 99], 53)),
-                                _ => {
-                                    // The same ID and source, another question.
-                                    let other =
-                                        (nid + 1) % PER_SUFFIX + nid / PER_SUFFIX * PER_SUFFIX;
-                                    let mut q2 = query(
-                                        wire::id(&bytes),
-                                        &name_of(other),
-                                        q.edns.then_some(1232),
-                                    );
-                                    q2[2] = bytes[2];
-                                    let k2 = MKey { nid: other, ..key };
-                                    spoof = upstream_reply(&q2, &h, s, k2, leg.via, now).0;
-                                    if let Some(at) = spoof.iter().position(|&x| x == 10) {
-                                        spoof[at] = 66;
-                                    }
-                                }
-                            }
-                            push(
-                                &mut inputs,
-                                &mut parked,
-                                now + b.delay / 2,
-                                Input::Reply {
-                                    engine: e,
-                                    leg,
-                                    from,
-                                    bytes: spoof,
-                                    valid: None,
-                                },
-                            );
-                        }
                         if roll(&mut rng, s.dup) {
                             let later = now + b.delay + rng.random_range(0..50);
                             push(
@@ -1024,6 +986,45 @@ fn run_history(seed: u64) -> Result<(), String> {
                                 from: leg.to,
                                 bytes: reply,
                                 valid,
+                            },
+                        );
+                    }
+                    // An off-path spoofer sees the try go out, whatever becomes of it.
+                    if roll(&mut rng, s.spoof) {
+                        let mut spoof = upstream_reply(&bytes, &h, s, key, leg.via, now).0;
+                        poison(&mut spoof);
+                        let mut from = leg.to;
+                        match rng.random_range(0..4) {
+                            0 => {
+                                let id = wire::id(&spoof) ^ rng.random_range(1..=u16::MAX);
+                                wire::set_id(&mut spoof, id);
+                            }
+                            1 => from.set_port(5353),
+                            2 => from = SocketAddr::from(([198, 18, group as u8, 99], 53)),
+                            _ => {
+                                // The same ID and source, another question.
+                                let other = (nid + 1) % PER_SUFFIX + nid / PER_SUFFIX * PER_SUFFIX;
+                                let mut q2 = query(
+                                    wire::id(&bytes),
+                                    &name_of(other),
+                                    q.edns.then_some(1232),
+                                );
+                                q2[2] = bytes[2];
+                                let k2 = MKey { nid: other, ..key };
+                                spoof = upstream_reply(&q2, &h, s, k2, leg.via, now).0;
+                                poison(&mut spoof);
+                            }
+                        }
+                        push(
+                            &mut inputs,
+                            &mut parked,
+                            now + rng.random_range(0..=1500),
+                            Input::Reply {
+                                engine: e,
+                                leg,
+                                from,
+                                bytes: spoof,
+                                valid: None,
                             },
                         );
                     }
@@ -1107,6 +1108,18 @@ fn run_history(seed: u64) -> Result<(), String> {
                 bytes,
                 valid,
             } => {
+                // A spoof whose made-up ID is that of another try at that server, for the same
+                // name, is a lucky guess no check can tell from the answer: not sent.
+                let lucky = valid.is_none()
+                    && wire::id(&bytes) != leg.id
+                    && h.sent.iter().any(|s| {
+                        s.leg.to == from
+                            && s.leg.id == wire::id(&bytes)
+                            && s.at + budget + 1000 > now
+                    });
+                if lucky {
+                    continue;
+                }
                 if let Some((si, kind, truncated, version, ttl)) = valid {
                     let first = h.sent[si].answered.is_none();
                     h.heard.push(Heard {
@@ -1476,6 +1489,21 @@ fn judge(h: &History) -> Result<(), String> {
                 if first_asker && tries < MAX_TRIES && t < c.at + budget {
                     return Err(format!(
                         "{what}: a truncated answer passed on at {t} ms, not fetched over TCP"
+                    ));
+                }
+                // Nor while its own fetch over TCP may still bring the whole answer.
+                let fetching = sends_of(c).iter().map(|&k| &h.sent[k]).find(|s| {
+                    own(s)
+                        && s.leg.via == Via::Tcp
+                        && s.step < st
+                        && t < s.at + try_time
+                        && s.answered.is_none_or(|r| r > t)
+                        && s.ended.is_none_or(|e| e > t)
+                });
+                if let Some(f) = fetching.filter(|_| alone) {
+                    return Err(format!(
+                        "{what}: a truncated answer passed on at {t} ms, its fetch over TCP (at {} ms) still out",
+                        f.at
                     ));
                 }
             }
