@@ -15,9 +15,8 @@
 //! the test is killed; `Drop` removes the directories. The host's dpkg database is never opened:
 //! `dpkg --root` uses the scratch root's own.
 //!
-//! The package is built by `units/deb.sh` (what `units/release.sh` runs) from a release build in
-//! its own target directory (`target/shipping`, so a nested cargo never waits on the lock of the
-//! `cargo test` running us), under a file lock shared by the tests here.
+//! The package is built by `units/deb.sh` (what `units/release.sh` runs) around this test build's
+//! binary, under a file lock shared by the tests here.
 
 mod common;
 
@@ -79,6 +78,7 @@ fn require() {
         "systemd-analyze",
         "debootstrap",
         "flock",
+        "strip",
         "git",
     ]);
 }
@@ -103,32 +103,37 @@ fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The `.deb`, built by `units/deb.sh` from a release build of this source tree.
+/// The `.deb`, built by `units/deb.sh` (what `units/release.sh` runs) around this test build's
+/// binary, stripped: what is under test is the package and its wiring, and a release build
+/// with fat LTO would cost every run two minutes (`units/release.sh` makes the real one).
 fn package() -> PathBuf {
     let target = Path::new(MANIFEST_DIR).join("target/shipping");
     fs::create_dir_all(&target).expect("create target/shipping");
     let deb = target.join("localdns-fallback.deb");
     let fresh = target.join(format!("localdns-fallback.deb.{}", std::process::id()));
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    // flock: the tests of this file run as parallel processes and share one build.
+    // flock: the tests of this file run as parallel processes and share one binary.
     run_ok(
         Command::new("flock")
             .arg(target.join("build.lock"))
             .args([
                 "sh",
                 "-c",
-                "\"$1\" build --locked --release && units/deb.sh amd64 \"$2\" \"$3\"",
+                "cp \"$1\" \"$2\" && strip \"$2\" && units/deb.sh amd64 \"$2\" \"$3\"",
+                "package",
+                env!("CARGO_BIN_EXE_localdns-fallback"),
             ])
-            .arg("build")
-            .arg(cargo)
-            .arg(target.join("release/localdns-fallback"))
+            .arg(stripped_binary())
             .arg(&fresh)
-            .current_dir(MANIFEST_DIR)
-            .env("CARGO_TARGET_DIR", &target),
+            .current_dir(MANIFEST_DIR),
     );
     // Renamed into place: another test's dpkg reading the previous one keeps reading it whole.
     fs::rename(&fresh, &deb).expect("rename the package into place");
     deb
+}
+
+/// The binary [`package`] puts in the package.
+fn stripped_binary() -> PathBuf {
+    Path::new(MANIFEST_DIR).join("target/shipping/localdns-fallback.stripped")
 }
 
 /// Builds a cached root file system once (under build-rootfs.sh's own lock) if missing: `suite`
@@ -397,7 +402,7 @@ impl ScratchRoot {
 }
 
 /// The 0.1 package (tests/fixtures/package-0.1: its drop-in wiring, install.sh and maintainer
-/// scripts) with the release binary [`package`] built, made with dpkg-deb.
+/// scripts) with the binary [`package`] packs, made with dpkg-deb.
 fn old_package() -> (TempDir, PathBuf) {
     let dir = TempDir::new("ship-old");
     let fixture = Path::new(MANIFEST_DIR).join("tests/fixtures/package-0.1");
@@ -417,7 +422,7 @@ fn old_package() -> (TempDir, PathBuf) {
             .args(["-c", script, "old-package"])
             .arg(&fixture)
             .arg(&tree)
-            .arg(Path::new(MANIFEST_DIR).join("target/shipping/release/localdns-fallback"))
+            .arg(stripped_binary())
             .arg(&deb),
     );
     (dir, deb)
