@@ -12,7 +12,9 @@
 //! sends fail or whose TCP connections break, and replies that come twice or spoofed (wrong ID,
 //! source address, source port or question). Clients ask in any case, with and without EDNS, DO,
 //! CD and RD; discovery may replace a group's servers mid-history; timers may fire late as on a
-//! busy thread; and some histories have a tiny `--max-inflight`, so shedding happens.
+//! busy thread; and some histories have a tiny `--max-inflight`, so shedding happens. A quarter
+//! of the histories lose one of two backends of a group for good, and some of those both, some
+//! under bursts of new names.
 //!
 //! What every history must show (`judge`):
 //! - safety: exactly one reply per query, within the budget; the client's own ID, QR, RD, CD,
@@ -20,16 +22,21 @@
 //!   counted down from the upstream's, fresh only before expiry and stale only within the
 //!   serve-stale window; an error RCODE only as an upstream gave it; SERVFAIL made here only where
 //!   no reply reached the query, or at once for a name just unanswered or a group down on the
-//!   evidence; REFUSED only over a cap; every try to a server of the query's group in the set in
-//!   force;
+//!   evidence; REFUSED only over a cap; a truncated answer only with no try, time or fetch over
+//!   TCP left; every try to a server of the query's group in the set in force; hedges within
+//!   their budget in a full outage;
 //! - liveness: an answer whenever a clean server could give it in the budget; a query whose
 //!   first server answered an error asks the others while it has time and tries; a query whose
 //!   answer is fresh in the cache, or whose group is down on the evidence, is answered at once;
+//!   one whose answer has expired but may still be served stale gets it by the 1.8 s timer;
 //!   through a backend's death with another healthy, every query is answered within 100 ms;
 //!   queries in flight never over the caps.
 //!
+//! Bugs planted to prove the test can fail, and which it catches: `planted.md` beside it.
+//!
 //! A failure names its seed; `HISTORY_SEED=<seed>` replays that history alone (with
-//! `HISTORY_TRACE` it prints it), `HISTORIES=<n>` runs more of them.
+//! `HISTORY_TRACE` it prints it), `HISTORIES=<n>` runs more of them, `HISTORY_FIRST` stops at the
+//! first failure.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
