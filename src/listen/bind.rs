@@ -114,29 +114,29 @@ fn bind_pair_once(
     // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
     // ours already holds with SO_REUSEPORT, and the two would share it.
     let share = addr.port() != 0;
-    let udp_before = group_members(addr, Proto::Udp)?;
+    let udp_before = members_before(addr, Proto::Udp, share);
     let udp = new_socket(addr, Type::DGRAM, Protocol::UDP, share)?;
     udp.bind(&addr.into())?;
     // Nothing between the join and the steering: see `steer_at_join`.
-    if share {
-        steer_at_join(udp.as_fd(), udp_before.len() as u32, flows, addr);
+    if let (true, Some(before)) = (share, &udp_before) {
+        steer_at_join(udp.as_fd(), before.len() as u32, flows, addr);
     }
     let addr = udp
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
-    let udp_slot = Slot::joined(inode(udp.as_fd())?, &udp_before);
-    let tcp_before = group_members(addr, Proto::Tcp)?;
+    let udp_slot = slot(inode(udp.as_fd())?, udp_before.as_deref());
+    let tcp_before = members_before(addr, Proto::Tcp, share);
     let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
     // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
     tcp.set_reuse_address(true)?;
     tcp.bind(&addr.into())?;
     // A TCP socket joins its group when it starts listening; the program goes on after that.
     tcp.listen(TCP_BACKLOG)?;
-    if share {
-        steer_at_join(tcp.as_fd(), tcp_before.len() as u32, flows, addr);
+    if let (true, Some(before)) = (share, &tcp_before) {
+        steer_at_join(tcp.as_fd(), before.len() as u32, flows, addr);
     }
-    let tcp_slot = Slot::joined(inode(tcp.as_fd())?, &tcp_before);
+    let tcp_slot = slot(inode(tcp.as_fd())?, tcp_before.as_deref());
     Ok((
         udp,
         tcp,
@@ -147,6 +147,25 @@ fn bind_pair_once(
             tcp: tcp_slot,
         },
     ))
+}
+
+/// The members already in `addr`'s group, or None where the kernel will not list them (sock_diag
+/// missing: a kernel without udp_diag, or qemu-user, which emulates none): then the port's flows
+/// are shared unsteered rather than steered by a guess, and serving goes on. A port that is not
+/// shared (0, in tests) has none to ask for.
+fn members_before(addr: SocketAddr, proto: Proto, share: bool) -> Option<Vec<u64>> {
+    if !share {
+        return Some(Vec::new());
+    }
+    group_members(addr, proto)
+        .inspect_err(|e| {
+            tracing::warn!(%addr, ?proto, error = %e, "cannot list the port's group; sharing flows with any other member")
+        })
+        .ok()
+}
+
+fn slot(ours: u64, before: Option<&[u64]>) -> Slot {
+    before.map_or(Slot::unknown(ours), |b| Slot::joined(ours, b))
 }
 
 /// A socket's inode, the number sock_diag names it by.

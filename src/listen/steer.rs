@@ -256,6 +256,16 @@ impl Slot {
         }
     }
 
+    /// Our socket in a group whose members could not be listed: no index to steer by.
+    pub fn unknown(ours: u64) -> Slot {
+        Slot {
+            ours,
+            below: Default::default(),
+            above: Vec::new(),
+            known: false,
+        }
+    }
+
     pub fn index(&self) -> Option<u32> {
         self.known.then_some(self.below.len() as u32)
     }
