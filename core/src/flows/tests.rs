@@ -98,6 +98,8 @@ struct World {
     next_query: Instant,
     next_change: Instant,
     takes: u32,
+    /// The shell cannot see LocalDNS's cgroup (no cgroup mount, another pid namespace).
+    blind: bool,
 }
 
 impl World {
@@ -214,7 +216,7 @@ impl World {
                         }
                     }
                     if let Phase::Throttled { .. } = self.phase {
-                        if self.now - self.phase_since > GRACE {
+                        if !self.blind && self.now - self.phase_since > GRACE {
                             return Err(format!(
                                 "took the flows ({why:?}) from a LocalDNS throttled for {:?}",
                                 self.now - self.phase_since
@@ -254,11 +256,15 @@ impl World {
                 }
                 Out::Repoint => self.stale = None,
                 Out::CheckOwners => {
-                    // A process waiting for a CPU is runnable; a stopped or starting one is not.
-                    let runnable = matches!(
-                        self.phase,
-                        Phase::Throttled { .. } | Phase::Serving | Phase::Mute
-                    );
+                    // A process waiting for a CPU is runnable; one reading may be caught asleep
+                    // between datagrams; a stopped or starting one is not. A shell that cannot
+                    // see LocalDNS's cgroup (`blind`) says not runnable.
+                    let runnable = !self.blind
+                        && match self.phase {
+                            Phase::Throttled { .. } => true,
+                            Phase::Serving | Phase::Mute => self.rng.random_bool(0.5),
+                            _ => false,
+                        };
                     self.flows.owners(self.now, runnable);
                 }
                 Out::Ask => {
@@ -540,6 +546,7 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         next_query: start,
         next_change: start + Duration::from_millis(rng.random_range(50..3000)),
         takes: 0,
+        blind: rng.random_bool(0.3),
         rng,
     };
     if serving_at_start {
