@@ -405,6 +405,11 @@ impl UpstreamSet {
         }
         self.failures.fetch_add(1, Relaxed);
         self.stats[i].failures.fetch_add(1, Relaxed);
+        // A try sent before discovery made this set is no evidence here: the set never saw
+        // the server's replies from before, so it cannot tell whether one came after the try.
+        if sent < self.epoch {
+            return;
+        }
         let h = &self.health[i];
         let sent_ms = self.ms(sent);
         let replied = h.replied_ms.load(Relaxed);

@@ -11,7 +11,9 @@
 //! fall silent for a while or for good, that the network refuses (ICMP), that lose packets, whose
 //! sends fail or whose TCP connections break, and replies that come twice or spoofed (wrong ID,
 //! source address, source port or question). Clients ask in any case, with and without EDNS, DO,
-//! CD and RD; discovery may replace a group's servers mid-history; timers may fire late as on a
+//! CD and RD; each listener may route domains its own way (LocalDNS's per-domain overrides, drawn
+//! per history and matched by the model on the names' text, never through the engine's own
+//! routes); discovery may replace a group's servers mid-history; timers may fire late as on a
 //! busy thread; and some histories have a tiny `--max-inflight`, so shedding happens. A quarter
 //! of the histories lose one of two backends of a group for good, and some of those both, some
 //! under bursts of new names.
@@ -250,11 +252,87 @@ fn name_of(nid: usize) -> String {
     format!("n{}.{}", nid % PER_SUFFIX, SUFFIXES[nid / PER_SUFFIX])
 }
 
-/// The group a listener sends a name to (LocalDNS's routing).
-fn group_of(role: ListenerRole, nid: usize) -> usize {
-    match role {
-        ListenerRole::Node if nid < PER_SUFFIX => UpstreamGroup::VnetDns as usize,
-        _ => UpstreamGroup::KubeDns as usize,
+/// Domains a history may route its own way: every suffix of the names asked, and the root.
+const ROUTE_DOMAINS: [&str; 8] = [
+    ".",
+    "net",
+    "example.net",
+    "n1.example.net",
+    "local",
+    "cluster.local",
+    "svc.cluster.local",
+    "n2.svc.cluster.local",
+];
+
+/// LocalDNS's routing in a history: its defaults (the node listener sends cluster.local to
+/// kube-dns and the rest to the VNet DNS; the cluster listener everything to kube-dns) with the
+/// history's own overrides over them, a later one for the same listener and domain replacing an
+/// earlier. The model's own reading: the longest matching suffix of the name's text.
+#[derive(Clone, Debug, Default)]
+struct Routing {
+    overrides: Vec<(ListenerRole, &'static str, usize)>,
+}
+
+impl Routing {
+    fn draw(rng: &mut Mix) -> Routing {
+        let n = [0, 0, 1, 2, 4][rng.random_range(0..5)];
+        let overrides = (0..n)
+            .map(|_| {
+                let role = [ListenerRole::Node, ListenerRole::Cluster][rng.random_range(0..2)];
+                (
+                    role,
+                    ROUTE_DOMAINS[rng.random_range(0..ROUTE_DOMAINS.len())],
+                    rng.random_range(0..2),
+                )
+            })
+            .collect();
+        Routing { overrides }
+    }
+
+    /// The group `role` sends name `nid` to.
+    fn group_of(&self, role: ListenerRole, nid: usize) -> usize {
+        let (kube, vnet) = (
+            UpstreamGroup::KubeDns as usize,
+            UpstreamGroup::VnetDns as usize,
+        );
+        let mut routes: Vec<(&str, usize)> = match role {
+            ListenerRole::Node => vec![(".", vnet), ("cluster.local", kube)],
+            ListenerRole::Cluster => vec![(".", kube), ("cluster.local", kube)],
+        };
+        for &(r, domain, group) in &self.overrides {
+            if r == role {
+                routes.retain(|(d, _)| *d != domain);
+                routes.push((domain, group));
+            }
+        }
+        let name = name_of(nid);
+        let under = |d: &str| d == "." || name == d || name.ends_with(&format!(".{d}"));
+        routes
+            .iter()
+            .filter(|(d, _)| under(d))
+            .max_by_key(|(d, _)| if *d == "." { 0 } else { d.len() + 1 })
+            .map_or(kube, |&(_, g)| g)
+    }
+
+    /// The same as the engine's settings take it.
+    fn routes(&self) -> crate::engine::route::Routes {
+        let wire_of = |d: &str| {
+            if d == "." {
+                vec![0]
+            } else {
+                wire::encode_name(d).expect("a domain")
+            }
+        };
+        let mut routes = crate::engine::route::Routes::defaults(&wire_of("cluster.local"));
+        for &(role, domain, group) in &self.overrides {
+            let group = if group == UpstreamGroup::VnetDns as usize {
+                UpstreamGroup::VnetDns
+            } else {
+                UpstreamGroup::KubeDns
+            };
+            routes.set(role, &wire_of(domain), group);
+        }
+        routes
     }
 }
 
@@ -382,6 +460,7 @@ struct History {
     /// Per group and name: the record TTL and the SOA MINIMUM.
     ttls: [[(u32, u32); NAMES]; 2],
     roles: Vec<ListenerRole>,
+    routing: Routing,
     transport: Transport,
     cache: bool,
     max_inflight: usize,
@@ -612,6 +691,12 @@ fn run_history(seed: u64) -> Result<(), String> {
     // Sometimes both die at once: a full outage, under bursts of new names.
     let outage = death.is_some() && rng.random_bool(0.05);
     let died_at = rng.random_range(2_000..20_000);
+    // The death scenarios pick names that reach the dying group through the default routes.
+    let routing = if death.is_none() {
+        Routing::draw(&mut rng)
+    } else {
+        Routing::default()
+    };
     let mut servers = Vec::new();
     let mut sets: [Vec<(u64, Vec<usize>)>; 2] = [Vec::new(), Vec::new()];
     for g in 0..2 {
@@ -682,6 +767,7 @@ fn run_history(seed: u64) -> Result<(), String> {
         |g: usize| -> Vec<SocketAddr> { sets[g][0].1.iter().map(|i| servers[*i].addr).collect() };
     let mut setup = Setup::new(roles[0], addrs(0), addrs(1));
     setup.settings.max_inflight = max_inflight;
+    setup.settings.routes = routing.routes();
     setup.seed = std::array::from_fn(|i| (seed >> (8 * (i % 8))) as u8 ^ i as u8);
     setup.cache = cache.then(|| Limits {
         min_ttl: Duration::from_millis(MIN_TTL_MS),
@@ -715,6 +801,7 @@ fn run_history(seed: u64) -> Result<(), String> {
         sets,
         ttls,
         roles: roles.clone(),
+        routing: routing.clone(),
         transport,
         cache,
         max_inflight,
@@ -752,7 +839,7 @@ fn run_history(seed: u64) -> Result<(), String> {
             if g == UpstreamGroup::VnetDns as usize {
                 engine = 0;
             }
-            while group_of(roles[engine], nid) != g {
+            while routing.group_of(roles[engine], nid) != g {
                 nid = rng.random_range(0..NAMES);
             }
         }
@@ -768,7 +855,7 @@ fn run_history(seed: u64) -> Result<(), String> {
         h.clients.push(Client0 {
             engine,
             key: MKey {
-                group: group_of(roles[engine], nid),
+                group: routing.group_of(roles[engine], nid),
                 nid,
                 flags: flags_of(&query, &q),
             },
@@ -790,7 +877,7 @@ fn run_history(seed: u64) -> Result<(), String> {
                 rng.random_range(0..engines.len())
             };
             let mut nid = rng.random_range(0..NAMES);
-            while group_of(roles[engine], nid) != g {
+            while routing.group_of(roles[engine], nid) != g {
                 nid = rng.random_range(0..NAMES);
             }
             let id: u16 = rng.random();
@@ -875,7 +962,7 @@ fn run_history(seed: u64) -> Result<(), String> {
                     let q = wire::parse_query(&bytes)
                         .map_err(|e| format!("a bad query upstream: {e:?}"))?;
                     let nid = nid_of(&bytes, &q).ok_or("a try for a name nobody asked")?;
-                    let group = group_of(h.roles[e], nid);
+                    let group = h.routing.group_of(h.roles[e], nid);
                     let key = MKey {
                         group,
                         nid,
@@ -1207,7 +1294,8 @@ fn run_history(seed: u64) -> Result<(), String> {
             Input::Discovery { group, set } => {
                 let old = engines[0].upstreams().clone();
                 let addrs = set.iter().map(|i| h.servers[*i].addr).collect();
-                let fresh = Arc::new(UpstreamSet::new(addrs, t0));
+                // As the daemon's discovery makes it: a new set, born now.
+                let fresh = Arc::new(UpstreamSet::new(addrs, at(now)));
                 let sets = Arc::new(if group == UpstreamGroup::VnetDns as usize {
                     UpstreamSets {
                         vnet_dns: fresh,
