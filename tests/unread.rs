@@ -598,7 +598,9 @@ fn a_throttled_localdns_never_changes_hands_more_than_once_in_ten_seconds() {
     let logs = f.logs();
     let takes = logs.matches("serving its listeners").count();
     let hand_backs = logs.matches("LocalDNS answers again").count();
-    let checks = logs.matches("leaves a queue unread runnable=true").count();
+    let checks = logs
+        .matches("leaves a queue unread owners=Runnable")
+        .count();
     let by = |who: By| {
         samples
             .iter()

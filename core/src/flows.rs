@@ -39,6 +39,9 @@ pub const LOOK_BUSY: Duration = Duration::from_millis(1);
 /// millisecond: at most 5 ms in bursts of 2,000 queries, 12 ms at its maximum rate with 4
 /// sockets a listener; with 1 socket at 280,000 queries/s, starved by its load generator on a
 /// shared two-core machine, 36 ms, found runnable and left be.
+/// A queue unshrinking this long has its owners asked whether they are stopped (SIGSTOP: not
+/// reading, whatever else); a stopped LocalDNS is taken from then, not [`UNREAD_FOR`] later.
+pub const STOPPED_FOR: Duration = Duration::from_millis(8);
 /// One idle look in this many reads the TCP listeners too (half a look's cost): a TCP client
 /// waits for a LocalDNS that stopped reading at most this many looks longer to be noticed.
 const TCP_EVERY_LOOKS: u32 = 5;
@@ -78,14 +81,25 @@ pub enum Out {
     Repoint,
     /// Start a probe round; report it with [`Flows::asked`].
     Ask,
-    /// Are the processes that hold the sockets of [`Flows::suspects`] runnable (a thread in
-    /// state R)? Report it with [`Flows::owners`].
+    /// What are the processes that hold the sockets of [`Flows::suspects`] doing? Report it
+    /// with [`Flows::owners`].
     CheckOwners,
     /// Read the kernel's view now; report it with [`Flows::looked`]. The TCP listeners' accept
     /// queues only when `tcp` (an idle look reads UDP alone, and takes the TCP members as they
     /// were, with nothing waiting): every look while a queue is busy, else every
     /// `TCP_EVERY_LOOKS`th.
     Look { tcp: bool },
+}
+
+/// What the threads of the processes holding LocalDNS's suspect sockets are doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owners {
+    /// A thread running or waiting for a CPU (state R).
+    Runnable,
+    /// Every thread stopped (state T: SIGSTOP).
+    Stopped,
+    /// Asleep, blocked or frozen; or not known.
+    Asleep,
 }
 
 /// One of LocalDNS's sockets (a member of a listener's group that is not ours).
@@ -102,6 +116,8 @@ struct Watched {
     inode: u64,
     queued: u32,
     since: Option<Instant>,
+    /// Its owners were found not stopped once in this stall, before [`UNREAD_FOR`].
+    asked_early: bool,
 }
 
 #[derive(Debug)]
@@ -211,7 +227,9 @@ impl Flows {
         self.silent += 1;
         match self.holder {
             Holder::LocalDns if self.silent >= ROUNDS_TO_ACT => self.take(Why::SilentProbe),
-            Holder::LocalDns => {}
+            // Asked again at once: a round refused (nothing bound: ICMP port unreachable) ends
+            // in well under a millisecond, and the take is then due as soon.
+            Holder::LocalDns => self.next_ask = now,
             // Now and then while we serve: the addresses back on lo if something took them off
             // (a stop of localdns-fallback.service beside us runs its release).
             Holder::Standby if self.silent % 4 == 0 => self.out.push_back(Out::Repoint),
@@ -236,15 +254,18 @@ impl Flows {
             .iter()
             .map(|q| {
                 let was = self.watched.iter().find(|w| w.inode == q.inode);
-                let since = match was {
-                    _ if q.queued == 0 => None,
-                    Some(w) if w.queued > 0 && q.queued >= w.queued => w.since.or(Some(now)),
-                    _ => Some(now),
+                let (since, asked_early) = match was {
+                    _ if q.queued == 0 => (None, false),
+                    Some(w) if w.queued > 0 && q.queued >= w.queued => {
+                        (w.since.or(Some(now)), w.asked_early)
+                    }
+                    _ => (Some(now), false),
                 };
                 Watched {
                     inode: q.inode,
                     queued: q.queued,
                     since,
+                    asked_early,
                 }
             })
             .collect();
@@ -253,40 +274,62 @@ impl Flows {
             self.out.push_back(Out::Repoint);
         }
         let resting = self.unread_rests_until.is_some_and(|until| now < until);
-        if self.holder == Holder::LocalDns && !resting && !self.suspects().is_empty() {
+        let due = self.watched.iter().any(|w| {
+            w.since.is_some_and(|s| {
+                let age = now.saturating_duration_since(s);
+                age >= UNREAD_FOR || (age >= STOPPED_FOR && !w.asked_early)
+            })
+        });
+        if self.holder == Holder::LocalDns && !resting && due {
             self.out.push_back(Out::CheckOwners);
         }
     }
 
-    /// LocalDNS's sockets whose queue has been non-empty and unshrinking for [`UNREAD_FOR`].
+    /// LocalDNS's sockets whose queue has been non-empty and unshrinking for [`STOPPED_FOR`].
     pub fn suspects(&self) -> Vec<u64> {
-        let now = self.last_look;
-        self.watched
-            .iter()
-            .filter(|w| {
-                w.since
-                    .is_some_and(|s| now.saturating_duration_since(s) >= UNREAD_FOR)
-            })
-            .map(|w| w.inode)
-            .collect()
+        self.stalled(STOPPED_FOR).map(|w| w.inode).collect()
     }
 
-    /// Whether a process holding a suspect socket is runnable at `now`. A queue left unread by
-    /// a process that waits for a CPU (starved by its neighbours, throttled by its slice's
-    /// quota) is not a hang: it is timed afresh, and the probe judges a starvation that lasts.
-    /// One stopped (SIGSTOP), frozen or blocked is: the flows are taken.
-    pub fn owners(&mut self, now: Instant, runnable: bool) {
+    fn stalled(&self, for_: Duration) -> impl Iterator<Item = &Watched> {
+        let now = self.last_look;
+        self.watched.iter().filter(move |w| {
+            w.since
+                .is_some_and(|s| now.saturating_duration_since(s) >= for_)
+        })
+    }
+
+    /// What the processes holding the suspect sockets do at `now`. Stopped (SIGSTOP): the flows
+    /// are taken at once. Waiting for a CPU (starved by its neighbours, throttled by its slice's
+    /// quota): not a hang; the queue is timed afresh, and the probe judges a starvation that
+    /// lasts. Otherwise (asleep: blocked, frozen, or between two reads) the queue decides once
+    /// it has been unread for [`UNREAD_FOR`].
+    pub fn owners(&mut self, now: Instant, owners: Owners) {
         if self.holder != Holder::LocalDns {
             return;
         }
-        if !runnable {
-            self.take(Why::Unread);
-            return;
-        }
-        let suspects = self.suspects();
-        for w in &mut self.watched {
-            if suspects.contains(&w.inode) {
-                w.since = Some(now);
+        let old = self.stalled(UNREAD_FOR).count() > 0;
+        match owners {
+            Owners::Stopped => self.take(Why::Unread),
+            Owners::Asleep if old => self.take(Why::Unread),
+            Owners::Runnable if old => {
+                let suspects = self.suspects();
+                for w in self
+                    .watched
+                    .iter_mut()
+                    .filter(|w| suspects.contains(&w.inode))
+                {
+                    (w.since, w.asked_early) = (Some(now), false);
+                }
+            }
+            Owners::Asleep | Owners::Runnable => {
+                let suspects = self.suspects();
+                for w in self
+                    .watched
+                    .iter_mut()
+                    .filter(|w| suspects.contains(&w.inode))
+                {
+                    w.asked_early = true;
+                }
             }
         }
     }

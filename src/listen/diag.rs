@@ -22,6 +22,7 @@ pub enum Proto {
     Tcp,
 }
 
+use crate::flows::Owners;
 /// A member of a port's SO_REUSEPORT group: its inode and what waits unread in it (a UDP
 /// socket's receive queue in bytes, a TCP listener's accept queue in connections).
 pub use crate::flows::Queue as Member;
@@ -175,35 +176,43 @@ fn member(msg: &[u8], port: u16, v6: bool) -> Option<(IpAddr, Member, u64)> {
     Some((ip, m, cgroup))
 }
 
-/// Whether a process that made one of `sockets` (inode, cgroup id) has a thread running or
-/// waiting for a CPU (state R): its unread queue is then starvation or its slice's CPU quota,
-/// not a hang. Found through the sockets' cgroups (v2; a cgroup id is its directory's inode
-/// number), whose threads anyone may list and whose states anyone may read: the standby keeps no
-/// capability to look into another process's descriptors. `paths` keeps the directories found,
-/// by id. A socket of the root cgroup or of one not found counts as not runnable: the queue
-/// alone decides.
-pub fn owner_runnable(cgroups: &[u64], paths: &mut Vec<(u64, std::path::PathBuf)>) -> bool {
+/// What the processes that made sockets of `cgroups` do: a thread running or waiting for a CPU
+/// (state R: its unread queue is starvation or its slice's CPU quota, not a hang), every thread
+/// stopped (T: SIGSTOP), or else asleep. Found through the sockets' cgroups (v2; a cgroup id is
+/// its directory's inode number), whose threads anyone may list and whose states anyone may
+/// read: the standby keeps no capability to look into another process's descriptors. `paths`
+/// keeps the directories found, by id. The root cgroup, or one not found (no cgroup mount, as
+/// under `ip netns exec`), counts as asleep: the queue alone decides.
+pub fn owners(cgroups: &[u64], paths: &mut Vec<(u64, std::path::PathBuf)>) -> Owners {
     let root = cgroup_root();
-    cgroups.iter().any(|&id| {
+    let mut states = Vec::new();
+    for &id in cgroups {
         if !paths.iter().any(|(i, _)| *i == id) {
             if let Some(p) = find_cgroup(&root, id) {
                 paths.push((id, p));
             }
         }
-        let Some((_, path)) = paths.iter().find(|(i, _)| *i == id) else {
-            return false;
+        let Some((_, path)) = paths.iter().find(|(i, p)| *i == id && *p != root) else {
+            return Owners::Asleep;
         };
-        if *path == root {
-            return false;
-        }
         let threads = std::fs::read_to_string(path.join("cgroup.threads")).unwrap_or_default();
-        threads.lines().any(|tid| {
-            std::fs::read_to_string(format!("/proc/{}/stat", tid.trim())).is_ok_and(|s| {
-                s.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| rest.starts_with('R'))
-            })
-        })
-    })
+        for tid in threads.lines() {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", tid.trim()));
+            if let Some(state) = stat
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.chars().next()))
+            {
+                states.extend(state);
+            }
+        }
+    }
+    if states.contains(&'R') {
+        Owners::Runnable
+    } else if !states.is_empty() && states.iter().all(|&c| c == 'T' || c == 't') {
+        Owners::Stopped
+    } else {
+        Owners::Asleep
+    }
 }
 
 fn cgroup_root() -> std::path::PathBuf {

@@ -48,17 +48,34 @@ pub async fn serve(
     }
     let (prober, own_probes) = standby::begin(&config, localdns_serves)?;
     let running = Running::start(config, prepared, own_probes.clone()).await?;
-    // A task of its own: its looks wake one worker, where the stop's future would wake two.
-    let standing = tokio::spawn(standby::stand_by(
+    // A thread and a runtime of its own: a look every 10 ms then wakes one thread, where the
+    // serving runtime's workers would hand it between them.
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let standby = standby::stand_by(
         prober,
         running.held.clone(),
         running.config.clone(),
         running.counters.clone(),
         localdns_serves,
-    ));
+    );
+    let standing = std::thread::Builder::new()
+        .name("standby".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the standby");
+            runtime.block_on(async {
+                tokio::select! {
+                    () = standby => {}
+                    _ = stop_rx => {}
+                }
+            });
+        })
+        .map_err(|e| format!("cannot start the standby's thread: {e}"))?;
     shutdown.await;
-    standing.abort();
-    let _ = standing.await;
+    let _ = stop_tx.send(());
+    let _ = tokio::task::spawn_blocking(move || standing.join()).await;
     running.stop().await;
     Ok(())
 }

@@ -104,7 +104,7 @@ pub async fn stand_by(
         .ok();
     let mut prober = Some(prober);
     let mut round: Option<Round> = None;
-    // LocalDNS's cgroups' directories, by id (see `owner_runnable`).
+    // LocalDNS's cgroups' directories, by id (see `listen::owners`).
     let mut cgroup_paths = Vec::new();
     // LocalDNS's sockets at the last look, and the TCP listeners as last read (see `Out::Look`).
     let mut seen = Looked::new();
@@ -146,9 +146,9 @@ pub async fn stand_by(
                         .filter(|(m, _)| suspects.contains(&m.inode))
                         .map(|&(_, c)| c)
                         .collect();
-                    let runnable = crate::listen::owner_runnable(&cgroups, &mut cgroup_paths);
-                    tracing::debug!(runnable, "LocalDNS leaves a queue unread");
-                    flows.owners(now, runnable);
+                    let owners = crate::listen::owners(&cgroups, &mut cgroup_paths);
+                    tracing::debug!(?owners, "LocalDNS leaves a queue unread");
+                    flows.owners(now, owners);
                 }
                 Out::Look { tcp } => {
                     let Some(diag) = &diag else { continue };

@@ -100,6 +100,8 @@ struct World {
     takes: u32,
     /// The shell cannot see LocalDNS's cgroup (no cgroup mount, another pid namespace).
     blind: bool,
+    /// The hang in force is a SIGSTOP (else a blocked reader).
+    stopped: bool,
 }
 
 impl World {
@@ -257,15 +259,19 @@ impl World {
                 Out::Repoint => self.stale = None,
                 Out::CheckOwners => {
                     // A process waiting for a CPU is runnable; one reading may be caught asleep
-                    // between datagrams; a stopped or starting one is not. A shell that cannot
-                    // see LocalDNS's cgroup (`blind`) says not runnable.
-                    let runnable = !self.blind
-                        && match self.phase {
-                            Phase::Throttled { .. } => true,
-                            Phase::Serving | Phase::Mute => self.rng.random_bool(0.5),
-                            _ => false,
-                        };
-                    self.flows.owners(self.now, runnable);
+                    // between datagrams; a hung one is stopped (SIGSTOP) or asleep (blocked), a
+                    // starting one asleep. A shell that cannot see LocalDNS's cgroup (`blind`)
+                    // says asleep.
+                    let owners = match self.phase {
+                        _ if self.blind => Owners::Asleep,
+                        Phase::Throttled { .. } => Owners::Runnable,
+                        Phase::Serving | Phase::Mute if self.rng.random_bool(0.5) => {
+                            Owners::Runnable
+                        }
+                        Phase::Hung if self.stopped => Owners::Stopped,
+                        _ => Owners::Asleep,
+                    };
+                    self.flows.owners(self.now, owners);
                 }
                 Out::Ask => {
                     // Lost replies come alone: two in a row is a silent LocalDNS.
@@ -405,7 +411,10 @@ impl World {
         let d =
             |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..hi));
         match self.phase {
-            Phase::Serving if r < 0.2 => self.set_phase(Phase::Hung),
+            Phase::Serving if r < 0.2 => {
+                self.stopped = self.rng.random_bool(0.5);
+                self.set_phase(Phase::Hung)
+            }
             Phase::Serving if r < 0.32 => {
                 self.close_sockets(0);
                 if self.rng.random_bool(0.5) {
@@ -547,6 +556,7 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         next_change: start + Duration::from_millis(rng.random_range(50..3000)),
         takes: 0,
         blind: rng.random_bool(0.3),
+        stopped: false,
         rng,
     };
     if serving_at_start {
@@ -631,23 +641,34 @@ fn a_socket_left_unread_is_taken_from_within_the_bound_and_a_draining_one_never(
         f.looked(now, &q(queued), true);
     }
     assert_eq!(f.holder(), Holder::LocalDns);
-    // Unread: it only grows; a runnable owner (throttled) delays the take, a stopped one not.
-    let stop = now;
-    let mut checked = 0;
-    while f.holder() == Holder::LocalDns {
-        now += LOOK_EVERY;
-        f.looked(now, &q(100 * (now - stop).as_millis() as u32), true);
-        while let Some(o) = f.poll(now) {
-            if o == Out::CheckOwners {
-                checked += 1;
-                f.owners(now, checked == 1);
+    // Unread: it only grows. A runnable owner (throttled) has it timed afresh; an asleep one is
+    // taken from after `UNREAD_FOR`, a stopped one at once.
+    for (answers, within) in [
+        (
+            [
+                Owners::Runnable,
+                Owners::Runnable,
+                Owners::Asleep,
+                Owners::Asleep,
+            ],
+            2 * UNREAD_FOR + 2 * LOOK_EVERY,
+        ),
+        ([Owners::Stopped; 4], STOPPED_FOR + 2 * LOOK_EVERY),
+    ] {
+        let mut f = Flows::new(now, true);
+        let stop = now;
+        let mut t = now;
+        let mut checked = 0;
+        while f.holder() == Holder::LocalDns {
+            t += LOOK_EVERY;
+            f.looked(t, &q(100 * (t - stop).as_millis() as u32), true);
+            while let Some(o) = f.poll(t) {
+                if o == Out::CheckOwners {
+                    f.owners(t, answers[checked]);
+                    checked += 1;
+                }
             }
         }
+        assert!(t - stop <= within, "{answers:?}: {:?}", t - stop);
     }
-    assert_eq!(checked, 2);
-    assert!(
-        now - stop <= 2 * (UNREAD_FOR + LOOK_EVERY),
-        "{:?}",
-        now - stop
-    );
 }
