@@ -651,7 +651,7 @@ fn a_socket_left_unread_is_taken_from_within_the_bound_and_a_draining_one_never(
                 Owners::Asleep,
                 Owners::Asleep,
             ],
-            2 * UNREAD_FOR + 2 * LOOK_EVERY,
+            2 * UNREAD_FOR + 3 * LOOK_EVERY,
         ),
         ([Owners::Stopped; 4], STOPPED_FOR + 2 * LOOK_EVERY),
     ] {
