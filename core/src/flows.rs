@@ -27,7 +27,7 @@ const ROUNDS_TO_ACT: u32 = 2;
 /// the node's UDP and TCP listener tables (about 50 µs of kernel time), so this is most of what
 /// the standby costs beside a serving LocalDNS. While we hold the flows the view is read once a
 /// probe round, to follow the groups' members.
-pub const LOOK_EVERY: Duration = Duration::from_millis(15);
+pub const LOOK_EVERY: Duration = Duration::from_millis(10);
 /// How often it is read while a queue is not empty: often enough to see a queue that is read
 /// shrink. A LocalDNS at its maximum rate keeps its queues non-empty, and the kernel frees their
 /// memory in batches, so a queue that is read rises and falls in a saw of a few milliseconds; a
