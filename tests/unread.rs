@@ -60,12 +60,20 @@ impl StandIn {
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        // Owned from here, so that a failed start still kills it and removes its cgroup.
+        let mut standin = StandIn {
+            child,
+            inodes: Vec::new(),
+            cgroups: vec![cgroup.clone()],
+        };
         // Into its cgroup before it makes a socket (`ip netns exec` gives it a /sys of its own,
         // without the cgroup mounts); then it may bind.
-        std::fs::write(cgroup.join("cgroup.procs"), child.id().to_string()).unwrap();
-        std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+        let pid = standin.child.id().to_string();
+        std::fs::write(cgroup.join("cgroup.procs"), pid).unwrap();
+        std::io::Write::write_all(standin.child.stdin.as_mut().unwrap(), b"go\n").unwrap();
         let mut line = String::new();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut out = std::io::BufReader::new(stdout);
         while !line.starts_with("ready") {
             line.clear();
             assert!(
@@ -73,16 +81,12 @@ impl StandIn {
                 "the stand-in ended"
             );
         }
-        let inodes = line
+        standin.inodes = line
             .split_whitespace()
             .skip(1)
             .map(|i| i.parse().unwrap())
             .collect();
-        StandIn {
-            child,
-            inodes,
-            cgroups: vec![cgroup],
-        }
+        standin
     }
 
     fn signal(&self, sig: nix::sys::signal::Signal) {
