@@ -207,7 +207,7 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_takeovers_total",
         kind: "counter",
-        help: "Times this process took LocalDNS's flows, by cause: localdns_failed (started by systemd for a failed or restarting LocalDNS), addresses_gone (the standby saw LocalDNS's addresses removed), silent_probe (the standby's probe went unanswered), by_hand.",
+        help: "Times this process took LocalDNS's flows, by cause: localdns_failed (started by systemd for a failed or restarting LocalDNS), addresses_gone (the standby saw LocalDNS's addresses removed), silent_probe (the standby's probe went unanswered), unread_queries (the standby saw LocalDNS leave queries unread in its sockets), by_hand.",
         samples: Samples::Own(|s, name, o| {
             for c in TakeoverCause::ALL {
                 let (taken, _) = s.counters.takeovers.count(c);

@@ -334,6 +334,7 @@ fn because(cause: TakeoverCause) -> &'static str {
         TakeoverCause::LocalDnsFailed => "LocalDNS failed",
         TakeoverCause::AddressesGone => "LocalDNS's addresses went away",
         TakeoverCause::SilentProbe => "LocalDNS's probe went unanswered",
+        TakeoverCause::UnreadQueries => "LocalDNS left queries unread in its sockets",
         TakeoverCause::ByHand => "it was started by hand",
     }
 }

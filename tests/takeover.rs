@@ -128,7 +128,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     );
     let text = scrape(&topo.node, metrics);
     assert_eq!(holding(&text), [1.0, 1.0], "{text}");
-    assert_eq!(count(&text, "takeovers_total", "silent_probe"), 1.0);
+    assert_eq!(count(&text, "takeovers_total", "unread_queries"), 1.0);
     let since = sample(&text, "localdns_fallback_last_takeover_timestamp_seconds");
     let started = sample(&text, "process_start_time_seconds");
     assert!(since > started, "{text}");
@@ -142,7 +142,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     // The standby still sends the probe name to the hung LocalDNS.
     assert!(
         line.ends_with(&format!(
-            "ago), because LocalDNS's probe went unanswered; the probe gets no answer on {LISTENERS}"
+            "ago), because LocalDNS left queries unread in its sockets; the probe gets no answer on {LISTENERS}"
         )),
         "{line}"
     );
@@ -156,7 +156,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     );
     let text = scrape(&topo.node, metrics);
     assert_eq!(holding(&text), [0.0, 0.0], "{text}");
-    assert_eq!(count(&text, "handbacks_total", "silent_probe"), 1.0);
+    assert_eq!(count(&text, "handbacks_total", "unread_queries"), 1.0);
     assert!(sample(&text, "localdns_fallback_last_handback_timestamp_seconds") >= since);
     assert_eq!(status(&topo.node).0, 0);
 
@@ -175,7 +175,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     let text = scrape(&topo.node, metrics);
     assert_eq!(holding(&text), [1.0, 1.0], "{text}");
     assert_eq!(count(&text, "takeovers_total", "addresses_gone"), 1.0);
-    assert_eq!(count(&text, "takeovers_total", "silent_probe"), 1.0);
+    assert_eq!(count(&text, "takeovers_total", "unread_queries"), 1.0);
     assert_eq!(count(&text, "takeovers_total", "localdns_failed"), 0.0);
     assert_eq!(count(&text, "takeovers_total", "by_hand"), 0.0);
     let (code, line) = status(&topo.node);

@@ -107,15 +107,18 @@ pub enum TakeoverCause {
     AddressesGone,
     /// The standby's probe went unanswered.
     SilentProbe,
+    /// The standby saw LocalDNS leave queries unread in its sockets (stopped or blocked).
+    UnreadQueries,
     /// Started by neither: an operator, a test.
     ByHand,
 }
 
 impl TakeoverCause {
-    pub const ALL: [TakeoverCause; 4] = [
+    pub const ALL: [TakeoverCause; 5] = [
         TakeoverCause::LocalDnsFailed,
         TakeoverCause::AddressesGone,
         TakeoverCause::SilentProbe,
+        TakeoverCause::UnreadQueries,
         TakeoverCause::ByHand,
     ];
 
@@ -125,6 +128,7 @@ impl TakeoverCause {
             TakeoverCause::LocalDnsFailed => "localdns_failed",
             TakeoverCause::AddressesGone => "addresses_gone",
             TakeoverCause::SilentProbe => "silent_probe",
+            TakeoverCause::UnreadQueries => "unread_queries",
             TakeoverCause::ByHand => "by_hand",
         }
     }
@@ -138,9 +142,9 @@ pub struct Takeovers {
     /// [`TakeoverCause::ALL`] of the takeover in force.
     holding: AtomicU64,
     standby: AtomicU64,
-    taken: [AtomicU64; 4],
+    taken: [AtomicU64; TakeoverCause::ALL.len()],
     /// By the cause of the takeover each hand-back ended.
-    handed: [AtomicU64; 4],
+    handed: [AtomicU64; TakeoverCause::ALL.len()],
     /// Milliseconds since the Unix epoch; 0 for never.
     last_taken: AtomicU64,
     last_handed: AtomicU64,

@@ -151,7 +151,12 @@ pub async fn stand_by(
                     flows.owners(now, owners);
                 }
                 Out::Look { tcp } => {
-                    let Some(diag) = &diag else { continue };
+                    // Without the kernel's view nothing queues and the groups count as whole:
+                    // the probe alone takes and gives back, and the flows are never stuck.
+                    let Some(diag) = &diag else {
+                        flows.looked(now, &[], true);
+                        continue;
+                    };
                     let lock = held.lock().unwrap_or_else(|p| p.into_inner());
                     if tcp {
                         tcp_seen = Held::look(diag, &lock, Proto::Tcp);
@@ -195,12 +200,13 @@ fn said(why: Why) -> &'static str {
     }
 }
 
-/// The metrics' cause. `stats` has no cause of its own for queries left unread yet: they count
-/// as the probe's (both say LocalDNS is alive and not serving).
+/// The metrics' cause: a standby that found LocalDNS not answering at its start counts as the
+/// probe's.
 fn cause(why: Why) -> TakeoverCause {
     match why {
         Why::AddressesGone => TakeoverCause::AddressesGone,
-        Why::NotServing | Why::SilentProbe | Why::Unread => TakeoverCause::SilentProbe,
+        Why::NotServing | Why::SilentProbe => TakeoverCause::SilentProbe,
+        Why::Unread => TakeoverCause::UnreadQueries,
     }
 }
 
