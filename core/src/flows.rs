@@ -25,8 +25,9 @@ const ROUNDS_TO_ACT: u32 = 2;
 /// How often the kernel's view is read while LocalDNS holds the flows and its queues were empty
 /// at the last look: a query left unread is seen at most this late. A look is a sock_diag dump of
 /// the node's UDP and TCP listener tables (about 50 µs of kernel time), so this is most of what
-/// the standby costs beside a serving LocalDNS. While we hold the flows the view is read once a
-/// probe round, to follow the groups' members.
+/// the standby costs beside a serving LocalDNS. While we hold the flows it is read as often, to
+/// follow the groups' members: a LocalDNS that dies or restarts moves our index, and a steering
+/// left pointing at the old one sends a listener's new flows to a socket that does not answer.
 pub const LOOK_EVERY: Duration = Duration::from_millis(10);
 /// How often it is read while a queue is not empty: often enough to see a queue that is read
 /// shrink. A LocalDNS at its maximum rate keeps its queues non-empty, and the kernel frees their
@@ -196,7 +197,7 @@ impl Flows {
                 + match self.holder {
                     Holder::LocalDns if busy => LOOK_BUSY * (1 + (queued % 3) as u32),
                     Holder::LocalDns => LOOK_EVERY,
-                    Holder::Standby => PROBE_EVERY,
+                    Holder::Standby => LOOK_EVERY,
                 };
             self.looks = self.looks.wrapping_add(1);
             let tcp = busy || self.looks % TCP_EVERY_LOOKS == 1;
