@@ -58,21 +58,6 @@ fn ask_for(ns: &Netns, how_long: Duration) -> JoinHandle<Vec<(Instant, Who)>> {
     })
 }
 
-/// A node namespace (listeners on link `localdns`) and one upstream answering 10.0.0.1.
-fn node() -> (Topology, Upstream, Responder) {
-    require_root_and_tools(&["ip"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Normal {
-            answer_v4: "10.0.0.1".parse().unwrap(),
-        },
-    );
-    (topo, up, r)
-}
-
 fn listener_addresses_on_lo(ns: &Netns) -> bool {
     let out = ns.ip("-4 addr show dev lo");
     out.contains("169.254.10.10") || out.contains("169.254.10.11")
@@ -80,7 +65,7 @@ fn listener_addresses_on_lo(ns: &Netns) -> bool {
 
 #[test]
 fn a_start_beside_a_serving_localdns_takes_no_flow_and_ends_cleanly() {
-    let (topo, up, _r) = node();
+    let (topo, up, _r) = node_and_upstream();
     let _localdns = LocalDnsStandIn::start(&topo.node);
     let asking = ask_for(&topo.node, Duration::from_millis(800));
     std::thread::sleep(Duration::from_millis(100));
@@ -117,7 +102,7 @@ fn a_start_beside_a_serving_localdns_takes_no_flow_and_ends_cleanly() {
 /// join finds the program the first one left with the group.
 #[test]
 fn standby_starts_killed_restarted_and_stopped_beside_a_serving_localdns_take_no_flow() {
-    let (topo, up, _r) = node();
+    let (topo, up, _r) = node_and_upstream();
     let _localdns = LocalDnsStandIn::start(&topo.node);
     let asking = ask_for(&topo.node, Duration::from_secs(5));
     std::thread::sleep(Duration::from_millis(100));
@@ -183,7 +168,7 @@ fn standby_starts_killed_restarted_and_stopped_beside_a_serving_localdns_take_no
 
 #[test]
 fn standby_takes_a_hung_localdns_flows_within_60_ms_and_gives_them_back() {
-    let (topo, up, _r) = node();
+    let (topo, up, _r) = node_and_upstream();
     let localdns = LocalDnsStandIn::start(&topo.node);
     let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
     assert!(
@@ -282,7 +267,7 @@ fn standby_takes_a_hung_localdns_flows_within_60_ms_and_gives_them_back() {
 
 #[test]
 fn standby_serves_at_once_where_no_localdns_is_bound() {
-    let (topo, up, _r) = node();
+    let (topo, up, _r) = node_and_upstream();
     let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
     f.wait_ready(&topo.node, NODE.parse().unwrap(), Duration::from_secs(10));
     let r = dig(&topo.node, &["@169.254.10.11", "a.example.", "A"]);
@@ -306,7 +291,7 @@ fn standby_serves_at_once_where_no_localdns_is_bound() {
 #[test]
 fn standby_takes_no_flow_across_quick_localdns_restarts() {
     const RESTARTS: usize = 5;
-    let (topo, up, _r) = node();
+    let (topo, up, _r) = node_and_upstream();
     let mut localdns = LocalDnsStandIn::start(&topo.node);
     let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
     assert!(

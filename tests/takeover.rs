@@ -16,16 +16,7 @@ const LISTENERS: &str = "169.254.10.10:53 and 169.254.10.11:53";
 /// A node namespace (listeners on link `localdns`) and one upstream.
 fn node() -> (Topology, Upstream, Responder) {
     require_root_and_tools(&["ip", "curl"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Normal {
-            answer_v4: "10.0.0.1".parse().unwrap(),
-        },
-    );
-    (topo, up, r)
+    node_and_upstream()
 }
 
 /// `localdns-fallback status` in `ns`, on the default listeners: its exit status and first line.

@@ -377,16 +377,7 @@ impl Drop for Standby {
 
 /// A node namespace, one upstream answering 10.0.0.1, the stand-in and the standby beside it.
 fn beside(per_address: usize) -> (Topology, Upstream, Responder, StandIn, Standby) {
-    require_root_and_tools(&["ip"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Normal {
-            answer_v4: "10.0.0.1".parse().unwrap(),
-        },
-    );
+    let (topo, up, r) = node_and_upstream();
     let localdns = StandIn::start(&topo.node, per_address);
     let f = Standby::spawn(&topo.node, &up);
     assert!(

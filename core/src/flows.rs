@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub const PROBE_EVERY: Duration = Duration::from_millis(120);
 /// Rounds in a row that decide: two silent ones take the flows, two answered ones give them back
 /// (one lost reply under load moves nothing).
-const ROUNDS_TO_ACT: u32 = 2;
+pub const ROUNDS_TO_ACT: u32 = 2;
 /// How often the kernel's view is read while LocalDNS holds the flows and its queues were empty
 /// at the last look: a query left unread is seen at most this late. A look is a sock_diag dump of
 /// the node's UDP and TCP listener tables (about 50 µs of kernel time), so this is most of what

@@ -23,15 +23,11 @@ use nix::sys::socket::MsgFlags;
 use tokio::io::unix::AsyncFd;
 
 use crate::cli::Config;
-use crate::flows::{Flows, Holder, Out, Why};
+use crate::flows::{Flows, Holder, Out, ROUNDS_TO_ACT, Why};
 use crate::link;
 use crate::listen::{Diag, Held, Looked, Proto};
 use crate::probe::{self, OwnProbes, Prober, Seen};
 use crate::stats::{Counters, TakeoverCause};
-
-/// Rounds in a row that decide: two silent ones take the flows, two answered ones give them back
-/// (one lost reply under load moves nothing).
-const ROUNDS_TO_ACT: u32 = 2;
 
 /// Does LocalDNS answer its probe name on both listeners? Asked twice at most (a reply lost once
 /// does not make a serving LocalDNS silent). Nothing answers a listener on port 0 (tests).

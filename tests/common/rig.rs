@@ -306,3 +306,20 @@ impl Rig {
         kdig_to(&self.at, to, args)
     }
 }
+
+/// A node namespace (listeners on link `localdns`) and one upstream namespace whose responder
+/// answers every A query with 10.0.0.1: what a standby test needs beside its own LocalDNS. The
+/// caller checks for root and its own tools first.
+pub fn node_and_upstream() -> (Topology, Upstream, Responder) {
+    require_root_and_tools(&["ip"]);
+    let topo = Topology::new();
+    let up = topo.add_upstream_ns(true, false);
+    let r = Responder::start(
+        &up.ns,
+        up.sock_v4(),
+        Mode::Normal {
+            answer_v4: Ipv4Addr::new(10, 0, 0, 1),
+        },
+    );
+    (topo, up, r)
+}

@@ -53,10 +53,19 @@ impl Routes {
         list.insert(at, (domain, group));
     }
 
+    /// Per query: a listener whose routes all go one way (the cluster listener's defaults) walks
+    /// no name, and the root, last, matches without a walk.
     pub fn group(&self, listener: ListenerRole, name: &[u8]) -> UpstreamGroup {
-        self.by_listener[listener as usize]
+        let routes = &self.by_listener[listener as usize];
+        let Some(&(_, first)) = routes.first() else {
+            return UpstreamGroup::KubeDns;
+        };
+        if routes.iter().all(|&(_, g)| g == first) {
+            return first;
+        }
+        routes
             .iter()
-            .find(|(domain, _)| wire::labels_below(name, domain).is_some())
+            .find(|(domain, _)| domain == b"\0" || wire::labels_below(name, domain).is_some())
             .map_or(UpstreamGroup::KubeDns, |&(_, group)| group)
     }
 
