@@ -636,6 +636,30 @@ fn opt_of(reply: &[u8]) -> (bool, bool) {
     }
 }
 
+/// Client `i`'s query for name `nid` on engine `engine`, asked at `at` ms.
+fn new_client(rng: &mut Mix, h: &History, i: usize, engine: usize, nid: usize, at: u64) -> Client0 {
+    let id: u16 = rng.random();
+    let query = client_query(rng, id, nid);
+    let q = wire::parse_query(&query).expect("a well-formed query");
+    let client = match h.transport {
+        Transport::Udp => Client::Udp(SocketAddr::from(([10, 1, (i >> 8) as u8, i as u8], 5353))),
+        Transport::Tcp => Client::Tcp(i as u64),
+    };
+    Client0 {
+        engine,
+        key: MKey {
+            group: h.routing.group_of(h.roles[engine], nid),
+            nid,
+            flags: flags_of(&query, &q),
+        },
+        at,
+        step: 0,
+        client,
+        query,
+        got: Vec::new(),
+    }
+}
+
 fn client_query(rng: &mut Mix, id: u16, nid: usize) -> Vec<u8> {
     let mut name = name_of(nid);
     if rng.random_bool(0.3) {
@@ -843,28 +867,8 @@ fn run_history(seed: u64) -> Result<(), String> {
                 nid = rng.random_range(0..NAMES);
             }
         }
-        let id: u16 = rng.random();
-        let query = client_query(&mut rng, id, nid);
-        let q = wire::parse_query(&query).expect("a well-formed query");
-        let client = match transport {
-            Transport::Udp => {
-                Client::Udp(SocketAddr::from(([10, 1, (i >> 8) as u8, i as u8], 5353)))
-            }
-            Transport::Tcp => Client::Tcp(i as u64),
-        };
-        h.clients.push(Client0 {
-            engine,
-            key: MKey {
-                group: routing.group_of(roles[engine], nid),
-                nid,
-                flags: flags_of(&query, &q),
-            },
-            at: t,
-            step: 0,
-            client,
-            query,
-            got: Vec::new(),
-        });
+        let client = new_client(&mut rng, &h, i, engine, nid, t);
+        h.clients.push(client);
     }
     if let (Some(g), true) = (death, death_bursts) {
         let died = died_at;
@@ -880,30 +884,10 @@ fn run_history(seed: u64) -> Result<(), String> {
             while routing.group_of(roles[engine], nid) != g {
                 nid = rng.random_range(0..NAMES);
             }
-            let id: u16 = rng.random();
-            let query = client_query(&mut rng, id, nid);
-            let q = wire::parse_query(&query).expect("a well-formed query");
-            let client = match transport {
-                Transport::Udp => {
-                    Client::Udp(SocketAddr::from(([10, 1, (i >> 8) as u8, i as u8], 5353)))
-                }
-                Transport::Tcp => Client::Tcp(i as u64),
-            };
             let at = died + 20 + (b / 20) as u64 * 50;
             t = t.max(at);
-            h.clients.push(Client0 {
-                engine,
-                key: MKey {
-                    group: g,
-                    nid,
-                    flags: flags_of(&query, &q),
-                },
-                at,
-                step: 0,
-                client,
-                query,
-                got: Vec::new(),
-            });
+            let client = new_client(&mut rng, &h, i, engine, nid, at);
+            h.clients.push(client);
         }
     }
     let end = t + 20_000;
