@@ -448,16 +448,7 @@ fn a_healthy_localdns_with_four_sockets_at_its_maximum_rate_and_in_bursts_keeps_
 /// from its first instant on: handed back, it is never taken from again.
 #[test]
 fn a_localdns_starting_under_load_is_handed_its_flows_and_keeps_them() {
-    require_root_and_tools(&["ip"]);
-    let topo = Topology::new();
-    let up = topo.add_upstream_ns(true, false);
-    let _r = Responder::start(
-        &up.ns,
-        up.sock_v4(),
-        Mode::Normal {
-            answer_v4: "10.0.0.1".parse().unwrap(),
-        },
-    );
+    let (topo, up, _r) = node_and_upstream();
     let f = Standby::spawn(&topo.node, &up);
     assert!(
         f.wait_for_log("serving its listeners", Duration::from_secs(10)),
