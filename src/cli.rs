@@ -72,14 +72,11 @@ impl Config {
             .iter()
             .map(|(domain, group)| {
                 // Our own encoding of a flag's domain: length-prefixed labels up to the root's 0.
-                let mut labels = Vec::new();
-                let mut at = 0;
-                while let Some(&len) = domain.get(at).filter(|&&l| l != 0) {
-                    let label = domain
-                        .get(at + 1..at + 1 + len as usize)
-                        .unwrap_or_default();
-                    labels.push(String::from_utf8_lossy(label).into_owned());
-                    at += 1 + len as usize;
+                let (mut labels, mut rest) = (Vec::new(), domain.as_slice());
+                while let Some((&len, tail)) = rest.split_first().filter(|(l, _)| **l != 0) {
+                    let (label, after) = tail.split_at(usize::from(len).min(tail.len()));
+                    labels.push(String::from_utf8_lossy(label));
+                    rest = after;
                 }
                 let name = if labels.is_empty() {
                     ".".into()
@@ -302,13 +299,8 @@ fn dest_name(group: UpstreamGroup) -> &'static str {
 
 /// `--cluster-domain`'s defaults with the overrides laid over them, in order.
 fn routes(c: &Config) -> Routes {
-    let wire_of = |d: &str| {
-        if d == "." {
-            vec![0]
-        } else {
-            wire::encode_name(d).unwrap_or_else(|_| vec![0])
-        }
-    };
+    // `.` encodes as the root's lone 0.
+    let wire_of = |d: &str| wire::encode_name(d).unwrap_or_else(|_| vec![0]);
     let mut routes = Routes::defaults(&wire_of(&c.cluster_domain));
     for (listener, domain, group) in &c.overrides {
         routes.set(*listener, &wire_of(domain), *group);
@@ -378,9 +370,8 @@ pub enum Command {
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String> {
     let mut config = Config::default();
     let mut args = args.into_iter().peekable();
-    let discover = args.next_if(|a| a == "discover").is_some();
-    let release = !discover && args.next_if(|a| a == "release-addresses").is_some();
-    let status = !discover && !release && args.next_if(|a| a == "status").is_some();
+    let sub = args.next_if(|a| ["discover", "release-addresses", "status"].contains(&a.as_str()));
+    let discover = sub.as_deref() == Some("discover");
     let mut json = false;
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -411,14 +402,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
     config.engine.routes = routes(&config);
     check(&config)?;
     let config = Box::new(config);
-    Ok(if discover {
-        Command::Discover { config, json }
-    } else if release {
-        Command::ReleaseAddresses(config)
-    } else if status {
-        Command::Status(config)
-    } else {
-        Command::Run(config)
+    Ok(match sub.as_deref() {
+        Some("discover") => Command::Discover { config, json },
+        Some("release-addresses") => Command::ReleaseAddresses(config),
+        Some("status") => Command::Status(config),
+        _ => Command::Run(config),
     })
 }
 
@@ -475,14 +463,12 @@ fn check(c: &Config) -> Result<(), String> {
             c.node_listen
         ));
     }
-    for listen in [c.node_listen, c.cluster_listen] {
-        for up in c.node_upstreams.iter().chain(&c.cluster_upstreams) {
-            if *up == listen {
-                return Err(format!(
-                    "upstream {up} is one of our own listeners: that would loop"
-                ));
-            }
-        }
+    let listeners = [c.node_listen, c.cluster_listen];
+    let mut upstreams = c.node_upstreams.iter().chain(&c.cluster_upstreams);
+    if let Some(up) = upstreams.find(|up| listeners.contains(up)) {
+        return Err(format!(
+            "upstream {up} is one of our own listeners: that would loop"
+        ));
     }
     Ok(())
 }
