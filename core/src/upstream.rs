@@ -271,16 +271,12 @@ impl UpstreamSet {
         ceiling: Duration,
         unknown: Duration,
     ) -> Duration {
-        let Some(i) = self.index(addr) else {
-            return unknown.clamp(floor, ceiling);
-        };
-        let h = &self.health[i];
-        let srtt = h.srtt_us.load(Relaxed);
-        if srtt == 0 {
-            return unknown.clamp(floor, ceiling);
-        }
-        let us = u64::from(srtt) + 4 * u64::from(h.rttvar_us.load(Relaxed));
-        Duration::from_micros(us).clamp(floor, ceiling)
+        let known = self.index(addr).map(|i| &self.health[i]).and_then(|h| {
+            let srtt = u64::from(h.srtt_us.load(Relaxed));
+            let us = srtt + 4 * u64::from(h.rttvar_us.load(Relaxed));
+            (srtt != 0).then(|| Duration::from_micros(us))
+        });
+        known.unwrap_or(unknown).clamp(floor, ceiling)
     }
 
     pub fn failures(&self) -> u64 {
@@ -290,13 +286,13 @@ impl UpstreamSet {
     /// Same servers, whatever the order? (Sources may list backends in another order each time;
     /// that is not a change worth a swap and a log line.)
     pub fn same_servers(&self, other: &[SocketAddr]) -> bool {
-        let mut a = self.addrs.clone();
-        let mut b = other.to_vec();
-        a.sort();
-        a.dedup();
-        b.sort();
-        b.dedup();
-        a == b
+        let sorted = |s: &[SocketAddr]| {
+            let mut v = s.to_vec();
+            v.sort();
+            v.dedup();
+            v
+        };
+        sorted(&self.addrs) == sorted(other)
     }
 
     fn index(&self, addr: SocketAddr) -> Option<usize> {

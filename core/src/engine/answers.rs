@@ -2,11 +2,13 @@
 //! upstream gave, or SERVFAIL, each made into every asker's own answer.
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::outbox::Outbox;
 use super::pending::Pending;
-use super::{Client, Dest, Engine, Event, FAILURE_MEMORY, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE};
+use super::{
+    Client, Dest, Engine, Event, FAILURE_MEMORY, Map, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE,
+};
 use crate::answer;
 use crate::cache::{Cache, Hit, Key};
 use crate::wire::{self, rcode};
@@ -35,24 +37,9 @@ impl Engine {
             return;
         };
         if let Some(key) = &p.key {
-            if self.recheck.len() >= RECHECK_CAP {
-                let keep = self.settings.stale_recheck;
-                self.recheck
-                    .retain(|_, t| now.saturating_duration_since(*t) < keep);
-                if self.recheck.len() >= RECHECK_CAP {
-                    self.recheck.clear();
-                }
-            }
-            self.recheck.insert(key.clone(), now);
+            remember(&mut self.recheck, key, now, self.settings.stale_recheck);
             if p.error_reply.is_none() {
-                if self.unanswered.len() >= RECHECK_CAP {
-                    self.unanswered
-                        .retain(|_, t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
-                    if self.unanswered.len() >= RECHECK_CAP {
-                        self.unanswered.clear();
-                    }
-                }
-                self.unanswered.insert(key.clone(), now);
+                remember(&mut self.unanswered, key, now, FAILURE_MEMORY);
             }
         }
         if !p.has_askers() {
@@ -118,6 +105,18 @@ impl Engine {
         self.events.push_back(Event::ServedStale { answers: 1 });
         self.deliver_answer(client, query, q);
     }
+}
+
+/// Remembers `key` failing at `now`, at most `RECHECK_CAP` names: when full, memories older than
+/// `keep` go first, then all.
+fn remember(memory: &mut Map<Key, Instant>, key: &Key, now: Instant, keep: Duration) {
+    if memory.len() >= RECHECK_CAP {
+        memory.retain(|_, t| now.saturating_duration_since(*t) < keep);
+        if memory.len() >= RECHECK_CAP {
+            memory.clear();
+        }
+    }
+    memory.insert(key.clone(), now);
 }
 
 /// Queues `reply` for a client as the answer to its own query: its ID, its spelling of the

@@ -207,10 +207,7 @@ impl Engine {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let tries = self.timers.peek().map(|Reverse(t)| t.at);
         let orphans = self.orphan_timers.peek().map(|Reverse((at, _))| *at);
-        match (tries, orphans) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        tries.into_iter().chain(orphans).min()
     }
 
     /// A client's query (a datagram, or one message of a TCP stream).
@@ -473,10 +470,10 @@ impl Engine {
             return;
         }
         // The name is answered (an error too is the upstream's answer): not one to fail at once.
-        if !self.unanswered.is_empty() {
-            if let Some(key) = self.pending(slot).key.as_ref() {
-                let key = key.clone();
-                self.unanswered.remove(&key);
+        let key = self.slots[slot as usize].pending.as_ref();
+        if let Some(key) = key.and_then(|p| p.key.as_ref()) {
+            if !self.unanswered.is_empty() {
+                self.unanswered.remove(key);
             }
         }
         let p = self.pending(slot);
