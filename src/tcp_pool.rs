@@ -170,13 +170,6 @@ fn open(
     conn
 }
 
-fn fail(request: &Request, e: io::Error) {
-    request.mailbox.post(Letter::UpstreamFailed {
-        leg: request.leg,
-        failure: Failure::from_io(&e),
-    });
-}
-
 /// A try sent on the connection and not yet answered.
 struct Waiting {
     request: Request,
@@ -206,20 +199,25 @@ async fn run_connection(
         left.push(r);
     }
     for mut request in left {
-        match &broke {
+        let failure = match &broke {
             Some((_, true)) if !request.retried => {
                 request.retried = true;
-                if let Err(request) = submit(&inner, request) {
-                    request.mailbox.post(Letter::UpstreamFailed {
-                        leg: request.leg,
-                        failure: BUSY,
-                    });
+                match submit(&inner, request) {
+                    Ok(()) => continue,
+                    Err(back) => {
+                        request = back;
+                        BUSY
+                    }
                 }
             }
-            Some((e, _)) => fail(&request, io::Error::new(e.kind(), e.to_string())),
+            Some((e, _)) => Failure::from_io(e),
             // Timed out connecting: the engine's own timers move its tries on.
-            None => {}
-        }
+            None => continue,
+        };
+        request.mailbox.post(Letter::UpstreamFailed {
+            leg: request.leg,
+            failure,
+        });
     }
 }
 
