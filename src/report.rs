@@ -29,24 +29,26 @@ impl Report {
     }
 }
 
+impl Found {
+    fn ok(upstreams: Vec<SocketAddr>, source: impl Into<String>) -> Found {
+        Found {
+            upstreams,
+            source: source.into(),
+            problem: None,
+        }
+    }
+}
+
 /// Looks once, as the daemon does at start. Blocking: runs the node's tools.
 pub fn gather(config: &Config) -> Report {
     let d = &config.discovery;
     let vnet_dns = if !config.node_upstreams.is_empty() {
-        Found {
-            upstreams: config.node_upstreams.clone(),
-            source: "--node-upstream".into(),
-            problem: None,
-        }
+        Found::ok(config.node_upstreams.clone(), "--node-upstream")
     } else {
         vnet_dns(config)
     };
     let (kube_dns, cluster_ip) = if !config.cluster_upstreams.is_empty() {
-        let f = Found {
-            upstreams: config.cluster_upstreams.clone(),
-            source: "--cluster-upstream".into(),
-            problem: None,
-        };
+        let f = Found::ok(config.cluster_upstreams.clone(), "--cluster-upstream");
         (f, d.cluster_ip)
     } else {
         let finding = find_kube_dns(d);
@@ -74,44 +76,30 @@ fn vnet_dns(config: &Config) -> Found {
     let skip = [config.node_listen.ip(), config.cluster_listen.ip()];
     let source = format!("resolv.conf {}", d.resolv_conf.display());
     let why = match resolv_conf::read(&d.resolv_conf, &skip) {
-        Ok(upstreams) if !upstreams.is_empty() => {
-            return Found {
-                upstreams,
-                source,
-                problem: None,
-            };
-        }
+        Ok(upstreams) if !upstreams.is_empty() => return Found::ok(upstreams, source),
         Ok(_) => format!("{} lists no VNet DNS server", d.resolv_conf.display()),
         Err(e) => e,
     };
+    let none = |problem: String| Found {
+        upstreams: Vec::new(),
+        source,
+        problem: Some(problem),
+    };
     let Some(dir) = &d.dhcp_leases else {
-        return Found {
-            upstreams: Vec::new(),
-            source,
-            problem: Some(format!(
-                "{why}; the DHCP leases are not used (--dhcp-leases none)"
-            )),
-        };
+        return none(format!(
+            "{why}; the DHCP leases are not used (--dhcp-leases none)"
+        ));
     };
     match leases::read(dir, &skip) {
-        Ok(upstreams) if !upstreams.is_empty() => Found {
+        Ok(upstreams) if !upstreams.is_empty() => Found::ok(
             upstreams,
-            source: format!("DHCP leases {}, while {why}", dir.display()),
-            problem: None,
-        },
-        Ok(_) => Found {
-            upstreams: Vec::new(),
-            source,
-            problem: Some(format!(
-                "{why}; {} name no DNS server either",
-                dir.display()
-            )),
-        },
-        Err(e) => Found {
-            upstreams: Vec::new(),
-            source,
-            problem: Some(format!("{why}; {e}")),
-        },
+            format!("DHCP leases {}, while {why}", dir.display()),
+        ),
+        Ok(_) => none(format!(
+            "{why}; {} name no DNS server either",
+            dir.display()
+        )),
+        Err(e) => none(format!("{why}; {e}")),
     }
 }
 
