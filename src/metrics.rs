@@ -55,6 +55,8 @@ enum Samples {
     PerListener(fn(&ListenerStats) -> u64),
     /// One sample per upstream, labelled `group` and `upstream`.
     PerUpstream(fn(&UpstreamStats) -> u64),
+    /// One sample, unlabelled (whole numbers print without a fraction).
+    One(fn(&Scrape) -> f64),
     /// Writes its own sample lines for the series it is given the name of.
     Own(fn(&Scrape, &str, &mut String)),
 }
@@ -128,17 +130,13 @@ const SERIES: &[Series] = &[
         name: "localdns_fallback_cache_entries",
         kind: "gauge",
         help: "Answers in the cache.",
-        samples: Samples::Own(|s, name, o| {
-            let _ = writeln!(o, "{name} {}", s.cache_entries);
-        }),
+        samples: Samples::One(|s| s.cache_entries as f64),
     },
     Series {
         name: "localdns_fallback_cache_bytes",
         kind: "gauge",
         help: "Memory the cache accounts for.",
-        samples: Samples::Own(|s, name, o| {
-            let _ = writeln!(o, "{name} {}", s.cache_bytes);
-        }),
+        samples: Samples::One(|s| s.cache_bytes as f64),
     },
     Series {
         name: "localdns_fallback_upstream_queries_total",
@@ -230,25 +228,19 @@ const SERIES: &[Series] = &[
         name: "localdns_fallback_last_takeover_timestamp_seconds",
         kind: "gauge",
         help: "When this process last took LocalDNS's flows, since the Unix epoch; 0 for never.",
-        samples: Samples::Own(|s, name, o| {
-            let _ = writeln!(o, "{name} {}", s.counters.takeovers.last().0);
-        }),
+        samples: Samples::One(|s| s.counters.takeovers.last().0),
     },
     Series {
         name: "localdns_fallback_last_handback_timestamp_seconds",
         kind: "gauge",
         help: "When this process last gave LocalDNS its flows back, since the Unix epoch; 0 for never.",
-        samples: Samples::Own(|s, name, o| {
-            let _ = writeln!(o, "{name} {}", s.counters.takeovers.last().1);
-        }),
+        samples: Samples::One(|s| s.counters.takeovers.last().1),
     },
     Series {
         name: "localdns_fallback_standby",
         kind: "gauge",
         help: "1 for the standby (--standby), which runs beside LocalDNS for as long as the node is up; 0 for a fallback started when LocalDNS failed.",
-        samples: Samples::Own(|s, name, o| {
-            let _ = writeln!(o, "{name} {}", u8::from(s.counters.takeovers.standby()));
-        }),
+        samples: Samples::One(|s| f64::from(u8::from(s.counters.takeovers.standby()))),
     },
     Series {
         name: "localdns_fallback_build_info",
@@ -262,14 +254,9 @@ const SERIES: &[Series] = &[
         name: "process_start_time_seconds",
         kind: "gauge",
         help: "Start time of the process since the Unix epoch.",
-        samples: Samples::Own(|s, name, o| {
-            let started = s
-                .counters
-                .started
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs_f64();
-            let _ = writeln!(o, "{name} {started}");
+        samples: Samples::One(|s| {
+            let started = s.counters.started.duration_since(UNIX_EPOCH);
+            started.unwrap_or_default().as_secs_f64()
         }),
     },
 ];
@@ -316,6 +303,9 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
                 for (k, u) in &scrape.upstreams {
                     let _ = writeln!(o, "{name}{{{}}} {}", upstream_labels(k), get(u));
                 }
+            }
+            Samples::One(get) => {
+                let _ = writeln!(o, "{name} {}", get(&scrape));
             }
             Samples::Own(write) => write(&scrape, name, o),
         }
