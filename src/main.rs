@@ -88,11 +88,10 @@ fn run(config: cli::Config) -> Result<(), String> {
 /// Logs go to stderr. Under systemd (JOURNAL_STREAM set) the journal adds its own timestamps, and
 /// colours are only for terminals.
 fn init_logging(level: tracing::Level) {
-    let stderr = std::io::stderr();
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
-        .with_ansi(stderr.is_terminal())
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false);
     if std::env::var_os("JOURNAL_STREAM").is_some() {
         builder.without_time().init();

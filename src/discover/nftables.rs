@@ -192,26 +192,19 @@ impl<'a> Table<'a> {
 
     /// The endpoints the service chain sends traffic to, in vmap order, without repeats.
     fn backends(&self, service_chain: &str) -> Vec<SocketAddr> {
-        let mut targets = Vec::new();
+        let mut backends = Vec::new();
         for expr in self.rules.get(service_chain).into_iter().flatten() {
             let expr = value(expr);
-            let mut found = Vec::new();
-            verdict_targets(&expr, &mut found);
-            targets.extend(found.into_iter().map(str::to_owned));
-        }
-        let mut backends = Vec::new();
-        let mut seen = Vec::new();
-        for target in targets.into_iter().filter(|t| t.starts_with("endpoint-")) {
-            if seen.contains(&target) {
-                continue;
-            }
-            if let Some(addr) = self.endpoint(&target) {
-                // Two endpoint chains may name the same pod; an upstream is listed once.
-                if !backends.contains(&addr) {
-                    backends.push(addr);
+            let mut targets = Vec::new();
+            verdict_targets(&expr, &mut targets);
+            for target in targets.into_iter().filter(|t| t.starts_with("endpoint-")) {
+                // A chain named twice (affinity rule and vmap), or two endpoint chains naming
+                // the same pod: an upstream is listed once.
+                match self.endpoint(target) {
+                    Some(addr) if !backends.contains(&addr) => backends.push(addr),
+                    _ => {}
                 }
             }
-            seen.push(target);
         }
         backends
     }
