@@ -114,6 +114,7 @@ pub enum TakeoverCause {
 }
 
 impl TakeoverCause {
+    /// In declaration order: a cause's index here is `cause as usize`.
     pub const ALL: [TakeoverCause; 5] = [
         TakeoverCause::LocalDnsFailed,
         TakeoverCause::AddressesGone,
@@ -167,10 +168,7 @@ impl Takeovers {
     /// New flows come to us from `at` on. Counted once per takeover: taking again while we hold
     /// them changes nothing, not even the cause.
     pub fn took_over(&self, cause: TakeoverCause, at: SystemTime) {
-        let index = TakeoverCause::ALL
-            .iter()
-            .position(|&c| c == cause)
-            .unwrap_or(0);
+        let index = cause as usize;
         let held = self
             .holding
             .compare_exchange(0, index as u64 + 1, Relaxed, Relaxed);
@@ -196,10 +194,7 @@ impl Takeovers {
 
     /// Takeovers and hand-backs so far, for `cause`.
     pub fn count(&self, cause: TakeoverCause) -> (u64, u64) {
-        let i = TakeoverCause::ALL
-            .iter()
-            .position(|&c| c == cause)
-            .unwrap_or(0);
+        let i = cause as usize;
         (self.taken[i].load(Relaxed), self.handed[i].load(Relaxed))
     }
 

@@ -486,6 +486,7 @@ impl Engine {
         }
         let group = p.group;
         let (sent, counted) = p.tries[try_no].map_or((now, false), |t| (t.sent, t.counted));
+        let took = now.saturating_duration_since(sent);
         // We advertise at most 1232 bytes upstream, so the UDP leg never needs fragments; an
         // asker that takes more gets the whole answer fetched over TCP instead of a cut one. A
         // truncated reply with no answer record at all (dnsmasq, unbound and others cut that way)
@@ -507,13 +508,7 @@ impl Engine {
                 .any(|(i, t)| i != try_no && t.is_some_and(|t| t.live));
             if refetch || others_out {
                 self.end_try(slot, try_no, false);
-                self.note_reply(
-                    group,
-                    from,
-                    now.saturating_duration_since(sent),
-                    counted,
-                    now,
-                );
+                self.note_reply(group, from, took, counted, now);
                 if refetch {
                     self.pending_mut(slot).refetch = Some(from);
                     self.next_try(slot, now);
@@ -535,13 +530,7 @@ impl Engine {
             self.next_try(slot, now);
             return;
         }
-        self.note_reply(
-            group,
-            from,
-            now.saturating_duration_since(sent),
-            counted,
-            now,
-        );
+        self.note_reply(group, from, took, counted, now);
         let Some(mut p) = self.release(slot, now) else {
             return;
         };
