@@ -203,6 +203,13 @@ impl Engine {
         self.inflight() < max && self.by_group[group as usize] < max - max / 4
     }
 
+    /// Is every upstream of `group` silent (see [`crate::upstream::UpstreamSet::down`])?
+    fn down(&self, group: UpstreamGroup, now: Instant) -> bool {
+        self.upstreams
+            .get(group)
+            .down(now, self.settings.query_timeout)
+    }
+
     /// When [`Engine::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let tries = self.timers.peek().map(|Reverse(t)| t.at);
@@ -268,12 +275,7 @@ impl Engine {
                     .unanswered
                     .get(key)
                     .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
-            if failed_just_now
-                || self
-                    .upstreams
-                    .get(group)
-                    .down(now, self.settings.query_timeout)
-            {
+            if failed_just_now || self.down(group, now) {
                 self.answer_at_once(client, packet, &q, stale_known);
                 if waiting.is_none() {
                     self.probe_if_down(now, packet, q, Some(key.clone()), group, transport);
@@ -281,10 +283,7 @@ impl Engine {
                 return Outcome::Answered;
             }
             if let Some(slot) = waiting {
-                let p = self.slots[slot as usize]
-                    .pending
-                    .as_mut()
-                    .expect("waiting is live");
+                let p = self.pending_mut(slot);
                 if p.stale_served && stale_known {
                     self.serve_stale_to(client, packet, &q);
                     return Outcome::Answered;
@@ -300,12 +299,7 @@ impl Engine {
             }
         }
         // Without a cache key (the cache off) a down group answers at once too; see above.
-        if key.is_none()
-            && self
-                .upstreams
-                .get(group)
-                .down(now, self.settings.query_timeout)
-        {
+        if key.is_none() && self.down(group, now) {
             self.answer_at_once(client, packet, &q, false);
             self.probe_if_down(now, packet, q, None, group, transport);
             return Outcome::Answered;
@@ -360,8 +354,7 @@ impl Engine {
         group: UpstreamGroup,
         transport: Transport,
     ) {
-        let upstreams = self.upstreams.get(group);
-        if upstreams.down(now, self.settings.query_timeout) && upstreams.probe_due(now) {
+        if self.down(group, now) && self.upstreams.get(group).probe_due(now) {
             self.refresh_in_background(now, packet, q, key, group, transport);
         }
     }
