@@ -16,8 +16,11 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use tokio::net::UdpSocket;
-use tokio::time::Instant;
+use std::net::UdpSocket;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Instant;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::engine::route::HEALTH_CHECK;
 
@@ -50,8 +53,12 @@ impl OwnProbes {
     }
 }
 
+/// Asks LocalDNS's probe name of each address over a socket of its own: a round at a time,
+/// its replies read as they come ([`Prober::start`], [`Prober::read`]) by a caller that polls
+/// [`Prober::fds`], or a whole round at once ([`Prober::ask`]).
 pub struct Prober {
-    sockets: Vec<(SocketAddr, UdpSocket)>,
+    /// Each address, its socket, and whether it answered this round.
+    sockets: Vec<(SocketAddr, UdpSocket, bool)>,
     id: u16,
     query: Vec<u8>,
 }
@@ -74,9 +81,9 @@ impl Prober {
                 IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
                 IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
             };
-            let std_socket = std::net::UdpSocket::bind(any)?;
-            std_socket.set_nonblocking(true)?;
-            sockets.push((addr, UdpSocket::from_std(std_socket)?));
+            let socket = UdpSocket::bind(any)?;
+            socket.set_nonblocking(true)?;
+            sockets.push((addr, socket, false));
         }
         let mut query = Vec::with_capacity(12 + HEALTH_CHECK.len() + 4);
         // ID (set per round), RD, one question.
@@ -96,52 +103,86 @@ impl Prober {
     pub fn ports(&self) -> Vec<u16> {
         self.sockets
             .iter()
-            .filter_map(|(_, s)| s.local_addr().ok().map(|a| a.port()))
+            .filter_map(|(_, s, _)| s.local_addr().ok().map(|a| a.port()))
             .collect()
     }
 
-    /// One round: asks every address at once and waits at most `wait` for all the replies.
-    pub async fn ask(&mut self, wait: Duration) -> Seen {
+    /// The sockets to wait on for a round's replies (readable, or an error: refused).
+    pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.sockets.iter().map(|(_, s, _)| s.as_fd())
+    }
+
+    /// Starts a round: asks every address at once. False if a question could not be sent: the
+    /// round is silent already.
+    pub fn start(&mut self) -> bool {
         self.id = self.id.wrapping_add(1);
         self.query[..2].copy_from_slice(&self.id.to_be_bytes());
-        let deadline = Instant::now() + wait;
-        for (addr, socket) in &self.sockets {
+        for (addr, socket, answered) in &mut self.sockets {
+            *answered = false;
             // Connecting again each round: an address that came or went (LocalDNS deletes and
             // recreates its link) is routed afresh, and stale replies of other rounds are dropped
             // by the ID check below.
-            if socket.connect(*addr).await.is_err() || socket.send(&self.query).await.is_err() {
-                return Seen::Silent;
+            if socket.connect(*addr).is_err() || socket.send(&self.query).is_err() {
+                return false;
             }
         }
+        true
+    }
+
+    /// Reads what has arrived for the round under way: `Serving` once every address replied,
+    /// `Silent` if one refused (ICMP port unreachable: nothing bound there), else nothing yet.
+    pub fn read(&mut self) -> Option<Seen> {
         let mut buf = [0u8; 512];
-        for (_, socket) in &self.sockets {
-            loop {
-                match tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-                    Err(_) | Ok(Err(_)) => return Seen::Silent,
+        for (_, socket, answered) in &mut self.sockets {
+            while !*answered {
+                match socket.recv(&mut buf) {
                     // A reply (QR set) to this round's question; any RCODE counts.
-                    Ok(Ok(n))
-                        if n >= 12 && buf[..2] == self.id.to_be_bytes() && buf[2] & 0x80 != 0 =>
-                    {
-                        break;
+                    Ok(n) if n >= 12 && buf[..2] == self.id.to_be_bytes() && buf[2] & 0x80 != 0 => {
+                        *answered = true;
                     }
-                    Ok(Ok(_)) => continue,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => return Some(Seen::Silent),
                 }
             }
         }
-        Seen::Serving
+        self.sockets
+            .iter()
+            .all(|(_, _, answered)| *answered)
+            .then_some(Seen::Serving)
+    }
+
+    /// One whole round: asks every address at once and waits at most `wait` for all the
+    /// replies.
+    pub fn ask(&mut self, wait: Duration) -> Seen {
+        let deadline = Instant::now() + wait;
+        if !self.start() {
+            return Seen::Silent;
+        }
+        loop {
+            if let Some(seen) = self.read() {
+                return seen;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Seen::Silent;
+            }
+            let mut fds: Vec<PollFd> = self
+                .fds()
+                .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+                .collect();
+            let timeout =
+                PollTimeout::try_from(left.as_millis().max(1) as i32).unwrap_or(PollTimeout::MAX);
+            if poll(&mut fds, timeout).is_err_and(|e| e != nix::errno::Errno::EINTR) {
+                return Seen::Silent;
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
 
     /// A responder on loopback that answers the first `answers` questions with an empty NOERROR
     /// reply carrying the question's ID, and ignores the rest.
@@ -165,38 +206,34 @@ mod tests {
 
     #[test]
     fn serving_needs_a_reply_from_every_address() {
-        runtime().block_on(async {
-            let (a, b) = (responder(10), responder(10));
-            let mut p = Prober::new(&[a, b], 7).unwrap();
-            assert_eq!(p.ask(Duration::from_millis(500)).await, Seen::Serving);
-            assert_eq!(p.ask(Duration::from_millis(500)).await, Seen::Serving);
-            let silent = responder(0);
-            let mut p = Prober::new(&[a, silent], 9).unwrap();
-            assert_eq!(p.ask(Duration::from_millis(200)).await, Seen::Silent);
-        });
+        let (a, b) = (responder(10), responder(10));
+        let mut p = Prober::new(&[a, b], 7).unwrap();
+        assert_eq!(p.ask(Duration::from_millis(500)), Seen::Serving);
+        assert_eq!(p.ask(Duration::from_millis(500)), Seen::Serving);
+        let silent = responder(0);
+        let mut p = Prober::new(&[a, silent], 9).unwrap();
+        assert_eq!(p.ask(Duration::from_millis(200)), Seen::Silent);
     }
 
     #[test]
     fn a_closed_port_is_silent_at_once_and_a_hung_server_after_the_wait() {
-        runtime().block_on(async {
-            let closed = {
-                let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-                s.local_addr().unwrap()
-            };
-            let mut p = Prober::new(&[closed], 1).unwrap();
-            let started = std::time::Instant::now();
-            assert_eq!(p.ask(Duration::from_secs(3)).await, Seen::Silent);
-            assert!(
-                started.elapsed() < Duration::from_secs(2),
-                "a closed port waited"
-            );
-            let hung = responder(1);
-            let mut p = Prober::new(&[hung], 1).unwrap();
-            assert_eq!(p.ask(Duration::from_millis(500)).await, Seen::Serving);
-            let started = std::time::Instant::now();
-            assert_eq!(p.ask(Duration::from_millis(150)).await, Seen::Silent);
-            assert!(started.elapsed() >= Duration::from_millis(150));
-        });
+        let closed = {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.local_addr().unwrap()
+        };
+        let mut p = Prober::new(&[closed], 1).unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(p.ask(Duration::from_secs(3)), Seen::Silent);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "a closed port waited"
+        );
+        let hung = responder(1);
+        let mut p = Prober::new(&[hung], 1).unwrap();
+        assert_eq!(p.ask(Duration::from_millis(500)), Seen::Serving);
+        let started = std::time::Instant::now();
+        assert_eq!(p.ask(Duration::from_millis(150)), Seen::Silent);
+        assert!(started.elapsed() >= Duration::from_millis(150));
     }
 
     #[test]
@@ -216,12 +253,10 @@ mod tests {
 
     #[test]
     fn the_question_is_localdns_own_probe_name() {
-        runtime().block_on(async {
-            let p = Prober::new(&["127.0.0.1:53".parse().unwrap()], 0).unwrap();
-            let q = crate::wire::parse_query(&p.query).expect("a well-formed query");
-            assert_eq!(q.qtype, 1);
-            assert_eq!(&p.query[12..12 + HEALTH_CHECK.len()], HEALTH_CHECK);
-            assert_eq!(p.ports().len(), 1);
-        });
+        let p = Prober::new(&["127.0.0.1:53".parse().unwrap()], 0).unwrap();
+        let q = crate::wire::parse_query(&p.query).expect("a well-formed query");
+        assert_eq!(q.qtype, 1);
+        assert_eq!(&p.query[12..12 + HEALTH_CHECK.len()], HEALTH_CHECK);
+        assert_eq!(p.ports().len(), 1);
     }
 }

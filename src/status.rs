@@ -87,13 +87,14 @@ struct Look {
 }
 
 fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    let [node, cluster] = runtime.block_on(async {
-        let (node, cluster) = tokio::join!(answers(listeners[0]), answers(listeners[1]));
-        [node, cluster]
+    let [node, cluster] = std::thread::scope(|s| {
+        let node = s.spawn(|| answers(listeners[0]));
+        let cluster = answers(listeners[1]);
+        [
+            node.join()
+                .unwrap_or_else(|_| Err("the probe panicked".into())),
+            cluster,
+        ]
     });
     let answered = [node?, cluster?];
     let daemons = daemons(&listeners)?
@@ -109,14 +110,14 @@ fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
     Ok(Look { answered, daemons })
 }
 
-async fn answers(addr: SocketAddr) -> Result<bool, String> {
+fn answers(addr: SocketAddr) -> Result<bool, String> {
     let mut prober = Prober::new(&[addr], rand::random())
         .map_err(|e| format!("cannot make a socket to ask {addr}: {e}"))?;
     for round in 0..ROUNDS {
         if round > 0 {
-            tokio::time::sleep(PAUSE).await;
+            std::thread::sleep(PAUSE);
         }
-        if prober.ask(WAIT).await == Seen::Serving {
+        if prober.ask(WAIT) == Seen::Serving {
             return Ok(true);
         }
     }

@@ -5,7 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use super::diag::{Diag, Dump, Member, Proto, group_members};
+use super::diag::{Diag, Looked, Proto, group_members};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// Our place in the SO_REUSEPORT groups of one listener address (UDP and TCP have a group each).
@@ -128,9 +128,6 @@ impl Steering {
     }
 }
 
-/// Sockets seen in a look, each with its cgroup id.
-pub type Looked = Vec<(Member, u64)>;
-
 /// One listener's steering and a descriptor of each of its sockets, kept by start-up for the
 /// hand-over (see `handoff`): the steering is followed while we serve, re-pointed when we hand
 /// over, and, if we could not, detached right before the sockets close, which is when this is
@@ -197,29 +194,26 @@ impl Held {
 
     /// LocalDNS's sockets in the `proto` groups of every listener in `held` (each member but
     /// ours), with what waits in them and their cgroup, and whether it has one in each group.
-    /// One dump.
-    pub fn look(diag: &Diag, held: &[Held], proto: Proto) -> io::Result<(Looked, bool)> {
-        let (mut theirs, mut complete) = (Vec::new(), true);
-        let mut dumped: Option<((u16, bool), Dump)> = None;
-        for h in held {
-            let (addr, ours) = match proto {
-                Proto::Udp => (h.steering.addr, h.steering.udp.ours),
-                Proto::Tcp => (h.steering.addr, h.steering.tcp.ours),
-            };
-            let key = (addr.port(), addr.is_ipv6());
-            if dumped.as_ref().is_none_or(|(k, _)| *k != key) {
-                dumped = Some((key, diag.port(key.0, key.1, proto)?));
-            }
-            let all = dumped.as_ref().map_or(&[][..], |(_, d)| d.as_slice());
-            let before = theirs.len();
-            theirs.extend(
-                all.iter()
-                    .filter(|(ip, m, _)| *ip == addr.ip() && m.inode != ours)
-                    .map(|&(_, m, cgroup)| (m, cgroup)),
-            );
-            complete &= theirs.len() > before;
-        }
-        Ok((theirs, complete))
+    /// Dumped when `dump` (see [`Diag::theirs`]).
+    pub fn look(
+        diag: &mut Diag,
+        held: &[Held],
+        proto: Proto,
+        dump: bool,
+    ) -> io::Result<(Looked, bool)> {
+        let groups: Vec<_> = held
+            .iter()
+            .map(|h| {
+                let slot = match proto {
+                    Proto::Udp => &h.steering.udp,
+                    Proto::Tcp => &h.steering.tcp,
+                };
+                (h.steering.addr, proto, slot.ours)
+            })
+            .collect();
+        let read = diag.theirs(&groups, dump)?;
+        let complete = read.iter().all(|theirs| !theirs.is_empty());
+        Ok((read.concat(), complete))
     }
 
     /// Detaches the steering; the sockets close when this returns (if nothing else holds them).

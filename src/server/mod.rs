@@ -26,7 +26,7 @@ pub fn run<F: Future<Output = ()>>(
         .build()
         .map_err(|e| format!("cannot start the start-up runtime: {e}"))?;
     // Before a single socket of ours joins LocalDNS's ports.
-    let localdns_serves = startup.block_on(standby::localdns_serves(&config));
+    let localdns_serves = standby::localdns_serves(&config);
     if localdns_serves && !config.standby {
         tracing::info!("LocalDNS answers on both listeners; not taking over");
         // A clean end of the start: the unit is not `failed` and nothing restarts it.

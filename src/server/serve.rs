@@ -48,33 +48,20 @@ pub async fn serve(
     }
     let (prober, own_probes) = standby::begin(&config, localdns_serves)?;
     let running = Running::start(config, prepared, own_probes.clone()).await?;
-    // A thread and a runtime of its own: a look every 10 ms then wakes one thread, where the
-    // serving runtime's workers would hand it between them.
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let standby = standby::stand_by(
-        prober,
+    // A thread of its own (see `standby::stand_by`), stopped by closing the other end of `stop`.
+    let (stop, stop_here) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("cannot make the standby's stop pipe: {e}"))?;
+    let (held, config, counters) = (
         running.held.clone(),
         running.config.clone(),
         running.counters.clone(),
-        localdns_serves,
     );
     let standing = std::thread::Builder::new()
         .name("standby".into())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for the standby");
-            runtime.block_on(async {
-                tokio::select! {
-                    () = standby => {}
-                    _ = stop_rx => {}
-                }
-            });
-        })
+        .spawn(move || standby::stand_by(prober, held, config, counters, localdns_serves, stop))
         .map_err(|e| format!("cannot start the standby's thread: {e}"))?;
     shutdown.await;
-    let _ = stop_tx.send(());
+    drop(stop_here);
     let _ = tokio::task::spawn_blocking(move || standing.join()).await;
     running.stop().await;
     Ok(())

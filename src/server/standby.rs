@@ -12,15 +12,13 @@
 //! ones. Its own questions reach LocalDNS's sockets even while we hold the flows (the steering
 //! program lets them through, and the relay drops any that reach us).
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::pin::Pin;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::MsgFlags;
-use tokio::io::unix::AsyncFd;
 
 use crate::cli::Config;
 use crate::flows::{Flows, Holder, Out, ROUNDS_TO_ACT, Why};
@@ -31,7 +29,7 @@ use crate::stats::{Counters, TakeoverCause};
 
 /// Does LocalDNS answer its probe name on both listeners? Asked twice at most (a reply lost once
 /// does not make a serving LocalDNS silent). Nothing answers a listener on port 0 (tests).
-pub async fn localdns_serves(config: &Config) -> bool {
+pub fn localdns_serves(config: &Config) -> bool {
     let listeners = [config.node_listen, config.cluster_listen];
     if listeners.iter().any(|l| l.port() == 0) {
         return false;
@@ -40,7 +38,7 @@ pub async fn localdns_serves(config: &Config) -> bool {
         return false;
     };
     for _ in 0..ROUNDS_TO_ACT {
-        if prober.ask(probe::WAIT).await == Seen::Serving {
+        if prober.ask(probe::WAIT) == Seen::Serving {
             return true;
         }
     }
@@ -70,41 +68,37 @@ pub fn begin(config: &Config, localdns_serves: bool) -> Result<(Prober, Arc<OwnP
     Ok((prober, own))
 }
 
-/// A probe round under way; it hands the prober back when it ends.
-type Round = Pin<Box<dyn Future<Output = (Prober, Seen)> + Send>>;
-
-/// Runs until dropped: carries out what [`Flows`] decides (who holds the flows, when to ask the
-/// probe, when to read the kernel's view of the groups) and feeds it what it saw.
-pub async fn stand_by(
-    prober: Prober,
+/// Runs until `stop` is closed at its other end: carries out what [`Flows`] decides (who holds
+/// the flows, when to ask the probe, when to read the kernel's view of the groups) and feeds it
+/// what it saw. A plain loop on one thread, asleep in poll(2) between its deadlines: each wake
+/// costs CPU (about 35 µs on a VM whose CPU sleeps between them), and a runtime's timers and
+/// wake-ups cost as much again.
+pub fn stand_by(
+    mut prober: Prober,
     held: Arc<Mutex<Vec<Held>>>,
     config: Arc<Config>,
     counters: Arc<Counters>,
     initially: bool,
+    stop: OwnedFd,
 ) {
     let mut flows = Flows::new(Instant::now(), initially);
     // Without sock_diag the probe alone decides (as before the kernel's view was read).
-    let diag = Diag::open()
+    let mut diag = Diag::open()
         .inspect_err(|e| tracing::warn!(error = %e, "no sock_diag; a hung LocalDNS is noticed by its probe alone"))
         .ok();
-    let changes = match link::address_changes() {
-        // SAFETY: an OwnedFd is an open descriptor that stays the same until it is dropped,
-        // which the AsyncFd that owns it does.
-        Ok(fd) => unsafe { AsyncFd::register(fd) }.map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    let changes = changes
-        .inspect_err(|error| {
-            tracing::debug!(error, "no address announcements; looking every 20 ms");
-        })
+    let changes = link::address_changes()
+        .inspect_err(
+            |e| tracing::debug!(error = %e, "no address announcements; looking every 20 ms"),
+        )
         .ok();
-    let mut prober = Some(prober);
-    let mut round: Option<Round> = None;
+    // The end of the probe round under way, if one is.
+    let mut round: Option<Instant> = None;
     // LocalDNS's cgroups' directories, by id (see `listen::owners`).
     let mut cgroup_paths = Vec::new();
     // LocalDNS's sockets at the last look, and the TCP listeners as last read (see `Out::Look`).
     let mut seen = Looked::new();
     let mut tcp_seen: std::io::Result<(Looked, bool)> = Ok((Looked::new(), false));
+    let mut next_address_check = Instant::now();
     loop {
         let now = Instant::now();
         while let Some(out) = flows.poll(now) {
@@ -127,14 +121,8 @@ pub async fn stand_by(
                 Out::Repoint => {
                     Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
                 }
-                Out::Ask => {
-                    if let Some(mut p) = prober.take() {
-                        round = Some(Box::pin(async move {
-                            let seen = p.ask(probe::WAIT).await;
-                            (p, seen)
-                        }));
-                    }
-                }
+                Out::Ask if prober.start() => round = Some(now + probe::WAIT),
+                Out::Ask => flows.asked(now, false),
                 Out::CheckOwners => {
                     let suspects = flows.suspects();
                     let cgroups: Vec<u64> = seen
@@ -149,17 +137,20 @@ pub async fn stand_by(
                 Out::Look { tcp } => {
                     // Without the kernel's view nothing queues and the groups count as whole:
                     // the probe alone takes and gives back, and the flows are never stuck.
-                    let Some(diag) = &diag else {
+                    let Some(diag) = &mut diag else {
                         flows.looked(now, &[], true);
                         continue;
                     };
+                    // While we hold the flows, every look dumps: it follows the members to keep
+                    // our index right (see `flows::LOOK_EVERY`).
+                    let dump = flows.holder() == Holder::Standby;
                     let lock = held.lock().unwrap_or_else(|p| p.into_inner());
                     if tcp {
-                        tcp_seen = Held::look(diag, &lock, Proto::Tcp);
+                        tcp_seen = Held::look(diag, &lock, Proto::Tcp, dump);
                     } else if let Ok((theirs, _)) = &mut tcp_seen {
                         theirs.iter_mut().for_each(|(m, _)| m.queued = 0);
                     }
-                    match (Held::look(diag, &lock, Proto::Udp), &tcp_seen) {
+                    match (Held::look(diag, &lock, Proto::Udp, dump), &tcp_seen) {
                         (Ok((udp, udp_complete)), Ok((tcp, tcp_complete))) => {
                             seen = udp;
                             seen.extend_from_slice(tcp);
@@ -172,19 +163,71 @@ pub async fn stand_by(
                 }
             }
         }
+        // Its script deletes LocalDNS's link when LocalDNS stops or fails, and nothing can
+        // answer there until it is back: there is nothing to ask first. The kernel announces
+        // address changes on `changes` (they queue between reads, so none is missed); without
+        // them the addresses are checked every `ADDRESS_CHECK`.
         let aside = flows.holder() == Holder::LocalDns;
-        tokio::select! {
-            (p, seen) = async { round.as_mut().expect("a round").await }, if round.is_some() => {
-                round = None;
-                prober = Some(p);
-                flows.asked(Instant::now(), seen == Seen::Serving);
+        let mut wake = flows.deadline();
+        if let Some(end) = round {
+            wake = wake.min(end);
+        }
+        if aside && changes.is_none() {
+            wake = wake.min(next_address_check);
+        }
+        let mut fds = vec![PollFd::new(stop.as_fd(), PollFlags::POLLIN)];
+        if let (true, Some(fd)) = (aside, &changes) {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        }
+        if round.is_some() {
+            fds.extend(prober.fds().map(|fd| PollFd::new(fd, PollFlags::POLLIN)));
+        }
+        let left = wake.saturating_duration_since(Instant::now());
+        // Rounded up: a deadline is never met early, nor a millisecond spun away.
+        let timeout = PollTimeout::try_from(left.as_micros().div_ceil(1000) as i32)
+            .unwrap_or(PollTimeout::MAX);
+        if poll(&mut fds, timeout).is_err_and(|e| e != nix::errno::Errno::EINTR) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let revents = |i: usize| {
+            fds.get(i)
+                .and_then(PollFd::revents)
+                .is_some_and(|r| !r.is_empty())
+        };
+        if revents(0) {
+            return;
+        }
+        let now = Instant::now();
+        if aside {
+            let announced = changes.is_some() && revents(1) && drain(changes.as_ref());
+            let checked = changes.is_none() && now >= next_address_check;
+            if checked {
+                next_address_check = now + ADDRESS_CHECK;
             }
-            () = tokio::time::sleep_until(flows.deadline().into()) => {}
-            // Its script deletes LocalDNS's link when LocalDNS stops or fails, and nothing can
-            // answer there until it is back: there is nothing to ask first.
-            () = addresses_gone(&config, &changes), if aside => flows.addresses_gone(),
+            if (announced || checked) && !addresses_local(&config) {
+                flows.addresses_gone();
+            }
+        }
+        if let Some(end) = round {
+            let seen = prober.read().or((now >= end).then_some(Seen::Silent));
+            if let Some(seen) = seen {
+                round = None;
+                flows.asked(now, seen == Seen::Serving);
+            }
         }
     }
+}
+
+/// Reads every queued address announcement: only "something changed" matters. True if there
+/// was one.
+fn drain(changes: Option<&OwnedFd>) -> bool {
+    let Some(fd) = changes else { return false };
+    let mut buf = [0u8; 8192];
+    let mut any = false;
+    while nix::sys::socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).is_ok_and(|n| n > 0) {
+        any = true;
+    }
+    any
 }
 
 fn said(why: Why) -> &'static str {
@@ -238,31 +281,6 @@ fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
 /// How often the standby looks for LocalDNS's addresses while LocalDNS holds the flows, where
 /// the kernel's address announcements cannot be had.
 const ADDRESS_CHECK: Duration = Duration::from_millis(20);
-
-/// Returns once a listener address is on no interface of this host: looked at each time the
-/// kernel announces an address change (they queue on the socket between calls, so none is
-/// missed; nothing runs while none comes), or every `ADDRESS_CHECK` without the announcements.
-async fn addresses_gone(config: &Config, changes: &Option<AsyncFd<OwnedFd>>) {
-    loop {
-        match changes {
-            Some(fd) => {
-                let Ok(mut ready) = fd.readable().await else {
-                    return std::future::pending().await;
-                };
-                let mut buf = [0u8; 8192];
-                // Read them all: only "something changed" matters.
-                while nix::sys::socket::recv(fd.get_ref().as_raw_fd(), &mut buf, MsgFlags::empty())
-                    .is_ok_and(|n| n > 0)
-                {}
-                ready.clear_ready();
-            }
-            None => tokio::time::sleep(ADDRESS_CHECK).await,
-        }
-        if !addresses_local(config) {
-            return;
-        }
-    }
-}
 
 /// Are the listener addresses on an interface of this host? Binding a socket to an address that
 /// is not (without IP_FREEBIND) fails; nothing is sent.
