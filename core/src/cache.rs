@@ -246,13 +246,7 @@ impl Cache {
         let age = age.min(u64::from(u32::MAX)) as u32;
         copy_with_ttls(
             entry,
-            |ttl| {
-                if ttl == 0 {
-                    0
-                } else {
-                    ttl.saturating_sub(age).max(1)
-                }
-            },
+            |ttl| ttl.saturating_sub(age).max(u32::from(ttl > 0)),
             out,
         );
         Some(Hit::Fresh)
@@ -387,13 +381,10 @@ fn cacheable(reply: &[u8], limits: &Limits, ttl_offsets: &mut Vec<u8>) -> Option
         }
     }
     let negative = code == rcode::NXDOMAIN || answer_ttl.is_none();
-    let ttl = match (answer_ttl, negative_ttl) {
-        (_, None) if negative => return None,
-        (Some(a), Some(n)) => a.min(n),
-        (None, Some(n)) => n,
-        (Some(a), None) => a,
-        (None, None) => return None,
-    };
+    if negative && negative_ttl.is_none() {
+        return None;
+    }
+    let ttl = answer_ttl.into_iter().chain(negative_ttl).min()?;
     let fresh_for = Duration::from_secs(u64::from(ttl)).clamp(limits.min_ttl, limits.max_ttl);
     Some(fresh_for)
 }

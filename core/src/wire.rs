@@ -293,13 +293,7 @@ pub fn records(p: &[u8]) -> Option<Vec<Record>> {
         return None;
     }
     let [qd, an, ns, ar] = counts(p);
-    let mut at = HEADER_LEN;
-    for _ in 0..qd {
-        at = skip_name(p, at)? + 4;
-    }
-    if at > p.len() {
-        return None;
-    }
+    let mut at = questions_end(p, qd.into())?;
     let mut out = Vec::with_capacity(usize::from(an) + usize::from(ns) + usize::from(ar));
     for index in 0..(usize::from(an) + usize::from(ns) + usize::from(ar)) {
         let rr = resource_record(p, at)?;
@@ -325,6 +319,15 @@ pub fn records(p: &[u8]) -> Option<Vec<Record>> {
         at = rr.end;
     }
     Some(out)
+}
+
+/// End of the question section of a message with `qd` questions; `None` if it is cut short.
+fn questions_end(p: &[u8], qd: usize) -> Option<usize> {
+    let mut at = HEADER_LEN;
+    for _ in 0..qd {
+        at = skip_name(p, at)? + 4;
+    }
+    (at <= p.len()).then_some(at)
 }
 
 /// The CD (checking disabled) bit of a query.

@@ -32,14 +32,8 @@ pub fn layout(p: &[u8]) -> Option<Layout> {
         return None;
     }
     let [qd, an, ns, ar] = counts(p).map(usize::from);
-    let mut at = HEADER_LEN;
-    for _ in 0..qd {
-        at = skip_name(p, at)? + 4;
-    }
-    if at > p.len() {
-        return None;
-    }
-    let question_end = at;
+    let question_end = questions_end(p, qd)?;
+    let mut at = question_end;
     let mut opt = None;
     let mut additional_before_opt = 0;
     for index in 0..an + ns + ar {
