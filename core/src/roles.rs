@@ -20,10 +20,6 @@ impl ListenerRole {
             ListenerRole::Cluster => "cluster",
         }
     }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
 }
 
 /// The two groups of interchangeable upstream servers a query can be sent to, as LocalDNS routes.
@@ -46,10 +42,6 @@ impl UpstreamGroup {
             UpstreamGroup::VnetDns => "node",
             UpstreamGroup::KubeDns => "cluster",
         }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
     }
 }
 

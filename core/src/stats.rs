@@ -251,7 +251,7 @@ impl Counters {
     }
 
     pub fn listener(&self, role: ListenerRole) -> &Arc<ListenerStats> {
-        &self.listeners[role.index()]
+        &self.listeners[role as usize]
     }
 
     /// The counters of one upstream server, created on first use and kept for good.
@@ -268,16 +268,16 @@ impl Counters {
 
     /// A group got a new set of upstreams from `source`.
     pub fn upstreams_changed(&self, group: UpstreamGroup, source: &str) {
-        self.changes[group.index()].fetch_add(1, Relaxed);
-        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group.index()] = source.to_string();
+        self.changes[group as usize].fetch_add(1, Relaxed);
+        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group as usize] = source.to_string();
     }
 
     pub fn source(&self, group: UpstreamGroup) -> String {
-        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group.index()].clone()
+        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group as usize].clone()
     }
 
     pub fn set_changes(&self, group: UpstreamGroup) -> u64 {
-        self.changes[group.index()].load(Relaxed)
+        self.changes[group as usize].load(Relaxed)
     }
 
     pub fn totals(&self) -> Totals {
