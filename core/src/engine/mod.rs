@@ -219,23 +219,17 @@ impl Engine {
 
     /// A client's query (a datagram, or one message of a TCP stream).
     pub fn handle_query(&mut self, now: Instant, client: Client, packet: &[u8]) -> Outcome {
-        let mut local = std::mem::take(&mut self.scratch);
-        let decision = route::decide(self.role, packet, &self.settings.routes, &mut local);
+        let decision = route::decide(self.role, packet, &self.settings.routes, &mut self.scratch);
         let (q, group) = match decision {
             Decision::Drop => {
-                self.scratch = local;
                 self.stats.dropped.fetch_add(1, RELAXED);
                 return Outcome::Dropped;
             }
             Decision::Answered => {
-                self.outbox.push(Dest::Client(client), &local);
-                self.scratch = local;
+                self.outbox.push(Dest::Client(client), &self.scratch);
                 return Outcome::Answered;
             }
-            Decision::Forward(q, group) => {
-                self.scratch = local;
-                (q, group)
-            }
+            Decision::Forward(q, group) => (q, group),
         };
         let transport = client.transport();
         let key = self
