@@ -104,6 +104,7 @@ enum ResolvProblem {
 
 /// The VNet DNS side of following: resolv.conf first; the DHCP leases while resolv.conf names
 /// no usable server and none of its servers were ever in force.
+#[derive(Default)]
 struct VnetDnsFollower {
     resolv_conf: PathBuf,
     leases: Option<PathBuf>,
@@ -125,11 +126,7 @@ impl VnetDnsFollower {
             resolv_conf: settings.resolv_conf.clone(),
             leases: settings.dhcp_leases.clone(),
             listeners,
-            resolv_stamp: None,
-            leases_stamp: None,
-            resolv_problem: None,
-            resolv_conf_served: false,
-            said: None,
+            ..VnetDnsFollower::default()
         }
     }
 
@@ -297,15 +294,9 @@ fn swap(
         metrics,
         Instant::now(),
     ));
-    let sets = match group {
-        UpstreamGroup::VnetDns => UpstreamSets {
-            vnet_dns: fresh,
-            kube_dns: current.kube_dns.clone(),
-        },
-        UpstreamGroup::KubeDns => UpstreamSets {
-            vnet_dns: current.vnet_dns.clone(),
-            kube_dns: fresh,
-        },
+    let (vnet_dns, kube_dns) = match group {
+        UpstreamGroup::VnetDns => (fresh, current.kube_dns.clone()),
+        UpstreamGroup::KubeDns => (current.vnet_dns.clone(), fresh),
     };
-    publish.send_replace(Arc::new(sets));
+    publish.send_replace(Arc::new(UpstreamSets { vnet_dns, kube_dns }));
 }
