@@ -41,8 +41,6 @@ pub type Looked = Vec<(Member, u64)>;
 pub struct Diag {
     fd: OwnedFd,
     keyed: Vec<Keyed>,
-    /// Reads by key since the last dump.
-    reads: u32,
 }
 
 /// One group's other members as last dumped and, once found, for each a peer port that the
@@ -51,10 +49,13 @@ struct Keyed {
     group: (SocketAddr, Proto),
     theirs: Looked,
     keys: Option<Vec<u16>>,
+    /// Reads by key since the last dump.
+    reads: u32,
 }
 
-/// Reads by key between two dumps: a member that joins moves no other, so until a dump it may
-/// go unseen; 40 looks of 25 ms is a second.
+/// Reads by key between two dumps of a group: a member that joins moves no other, so until a
+/// dump it may go unseen (it takes no flow from the steering until then either); 40 idle looks
+/// of 30 ms are 1.2 s.
 const DUMP_EVERY: u32 = 40;
 /// Peer ports tried to find one for each member, in messages of `KEYS_AT_ONCE` requests (each
 /// reply takes about 1 KiB of the socket's 208 KiB receive buffer). A group of n members misses
@@ -85,34 +86,31 @@ impl Diag {
         Ok(Diag {
             fd,
             keyed: Vec::new(),
-            reads: 0,
         })
     }
 
     /// LocalDNS's sockets in each group `(addr, proto, ours)`: every member but ours, with what
     /// waits in it and its cgroup.
     ///
-    /// A dump walks the kernel's whole UDP socket table (16,384 slots on a 24 GiB machine, cold
-    /// after 25 ms: about 80 µs of CPU), which made it most of what the standby cost. A request
+    /// A dump walks the kernel's whole UDP socket table (16,384 slots on a 24 GiB machine: about
+    /// 80 µs of CPU when cold, as after each sleep), most of what the standby cost. A request
     /// for one socket is a hash lookup instead: the kernel answers a request that names a peer
     /// with the member its SO_REUSEPORT hash picks for that peer (the group's program runs only
     /// for a packet), so a peer port found to pick a member reads that member alone. Groups
     /// whose members all have one are read one request a member, in one message; they are
     /// dumped afresh when `dump` says so, every `DUMP_EVERY` reads, and when a port picks some
-    /// other socket than its member: a member that leaves moves the others (the kernel fills
-    /// its index with the last one), so a departure is seen at once.
+    /// other socket than its member: a member that left is seen at once, since its port can no
+    /// longer pick it.
     pub fn theirs(
         &mut self,
         groups: &[(SocketAddr, Proto, u64)],
         dump: bool,
     ) -> io::Result<Vec<Looked>> {
-        if !dump && self.reads < DUMP_EVERY {
+        if !dump {
             if let Some(read) = self.by_keys(groups)? {
-                self.reads += 1;
                 return Ok(read);
             }
         }
-        self.reads = 0;
         let mut dumps: Vec<((u16, bool, Proto), Dump)> = Vec::new();
         let mut read = Vec::with_capacity(groups.len());
         for &(addr, proto, ours) in groups {
@@ -150,6 +148,7 @@ impl Diag {
                     group,
                     theirs: Vec::new(),
                     keys: None,
+                    reads: 0,
                 });
                 self.keyed.len() - 1
             }
@@ -165,6 +164,7 @@ impl Diag {
             };
         }
         self.keyed[at].theirs = theirs.clone();
+        self.keyed[at].reads = 0;
         Ok(())
     }
 
@@ -194,13 +194,16 @@ impl Diag {
     }
 
     /// Every group's members read by their ports, in one message; `None` where a group has
-    /// none yet or a port picked another socket than its member.
+    /// none yet, is due a dump, or a port picked another socket than its member.
     fn by_keys(&mut self, groups: &[(SocketAddr, Proto, u64)]) -> io::Result<Option<Vec<Looked>>> {
         let mut reqs = Vec::new();
         let mut n = 0;
         for &(addr, proto, _) in groups {
             let keyed = self.keyed.iter().find(|k| k.group == (addr, proto));
-            let Some(keys) = keyed.and_then(|k| k.keys.as_ref()) else {
+            let Some(keys) = keyed
+                .filter(|k| k.reads < DUMP_EVERY)
+                .and_then(|k| k.keys.as_ref())
+            else {
                 return Ok(None);
             };
             for &key in keys {
@@ -216,6 +219,7 @@ impl Diag {
                 .iter_mut()
                 .find(|k| k.group == (addr, proto))
                 .expect("checked above");
+            keyed.reads += 1;
             let mut theirs = Looked::with_capacity(keyed.theirs.len());
             for &(m, _) in &keyed.theirs {
                 match replies.iter().find(|(s, _)| *s == seq) {
@@ -542,7 +546,7 @@ mod tests {
         assert_eq!(dumped[0], want);
         assert_eq!(dumped[1].len(), 2);
         assert_eq!(sorted(&diag.theirs(&groups, false).unwrap()), dumped);
-        assert_eq!(diag.reads, 1, "read by key, not dumped");
+        assert_eq!(diag.keyed[0].reads, 1, "read by key, not dumped");
         // A client's flow and a connection each go to one member, ours among them: eight all go
         // to ours once in 390,625 (UDP) and 6,561 (TCP) runs.
         for _ in 0..8 {
@@ -553,7 +557,7 @@ mod tests {
             .map(|_| std::net::TcpStream::connect(addr).unwrap())
             .collect();
         let by_key = sorted(&diag.theirs(&groups, false).unwrap());
-        assert_eq!(diag.reads, 2);
+        assert_eq!(diag.keyed[0].reads, 2);
         assert_eq!(by_key, sorted(&diag.theirs(&groups, true).unwrap()));
         assert!(
             by_key[0].iter().map(|m| m.1).sum::<u32>() >= 12,
@@ -564,14 +568,23 @@ mod tests {
             "{by_key:?}"
         );
         diag.theirs(&groups, false).unwrap();
-        assert_eq!(diag.reads, 1);
+        assert_eq!(diag.keyed[0].reads, 1);
         let gone = inode(&theirs.remove(1));
         let after = sorted(&diag.theirs(&groups, false).unwrap());
-        assert_eq!(diag.reads, 0, "dumped when a port picked another socket");
+        assert_eq!(
+            diag.keyed[0].reads, 0,
+            "dumped when a port picked another socket"
+        );
         assert!(!after[0].iter().any(|m| m.0 == gone));
         assert_eq!(after[0].len(), 3);
         diag.theirs(&groups, false).unwrap();
-        assert_eq!(diag.reads, 1, "the members left found new ports");
+        assert_eq!(diag.keyed[0].reads, 1, "the members left found new ports");
+        for _ in 1..DUMP_EVERY {
+            diag.theirs(&groups, false).unwrap();
+        }
+        assert_eq!(diag.keyed[0].reads, DUMP_EVERY);
+        diag.theirs(&groups, false).unwrap();
+        assert_eq!(diag.keyed[0].reads, 0, "dumped every DUMP_EVERY reads");
     }
 
     /// On loopback, in whatever namespace the test runs: members of a shared port, what waits in
