@@ -30,11 +30,13 @@ ip netns exec "$ns" "$binary" --standby --node-upstream 127.0.0.1:5353 --cluster
     --log-level warn &
 fwd=$!
 sleep 3
-ticks() { awk '{print $14 + $15}' "/proc/$fwd/stat"; }
-hz=$(getconf CLK_TCK)
+# CPU time of all its threads in nanoseconds (schedstat; the clock ticks of /proc/PID/stat count
+# 10 ms each, too coarse for a fraction of a percent).
+ticks() { cat /proc/"$fwd"/task/*/schedstat | awk '{ s += $1 } END { print s }'; }
 t0=$(ticks); s0=$(date +%s.%N)
-sleep "$seconds"; [[ -n ${STRACE:-} ]] && timeout 5 strace -c -f -p "$fwd" 2>&1 | head -25
+sleep "$seconds"; [[ -n ${STRACE:-} ]] && timeout 5 strace ${STRACE_ARGS:--c} -f -p "$fwd" 2>&1 | head -25
+[[ -n ${PERF:-} ]] && perf record -o /tmp/exp/perf.data -F 20000 -g -p "$fwd" -- sleep 5 >/dev/null 2>&1
 t1=$(ticks); s1=$(date +%s.%N)
 rss=$(awk '/^VmRSS/ {print $2}' "/proc/$fwd/status")
-cpu=$(awk -v t="$((t1 - t0))" -v hz="$hz" -v a="$s0" -v b="$s1" 'BEGIN { printf "%.3f", 100 * t / hz / (b - a) }')
+cpu=$(awk -v t="$((t1 - t0))" -v a="$s0" -v b="$s1" 'BEGIN { printf "%.3f", 100 * t / 1e9 / (b - a) }')
 echo "standby idle over ${seconds}s: ${cpu} % of one core, VmRSS $((rss / 1024)).$(((rss % 1024) * 10 / 1024)) MiB"

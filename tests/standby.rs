@@ -1,10 +1,12 @@
 //! The fallback beside a LocalDNS that serves, in network namespaces: a start (by hand, by
 //! `OnFailure=`, by anything) never takes a flow from it and ends cleanly; the standby mode stays
-//! beside it, takes the flows within 60 ms of LocalDNS going silent (bound and alive, reading
-//! nothing: a hung CoreDNS) and gives them back within 1 s of its answering again.
+//! beside it, takes the flows within about 70 ms of LocalDNS going silent (bound and alive,
+//! reading nothing: a hung CoreDNS; a stopped one, in `tests/systemd.rs`, within 60) and gives
+//! them back within 1 s of its answering again.
 
 mod common;
 
+use localdns_fallback::flows::{LOOK_BUSY, LOOK_EVERY, UNREAD_FOR};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -167,7 +169,7 @@ fn standby_starts_killed_restarted_and_stopped_beside_a_serving_localdns_take_no
 }
 
 #[test]
-fn standby_takes_a_hung_localdns_flows_within_60_ms_and_gives_them_back() {
+fn standby_takes_a_hung_localdns_flows_within_its_bound_and_gives_them_back() {
     let (topo, up, _r) = node_and_upstream();
     let localdns = LocalDnsStandIn::start(&topo.node);
     let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
@@ -211,11 +213,13 @@ fn standby_takes_a_hung_localdns_flows_within_60_ms_and_gives_them_back() {
         samples.len()
     );
     assert!(by_fallback > 0, "{}", f.logs());
-    // Queries left unread in LocalDNS's sockets for 30 ms (looked at every 10 ms) take the flows;
-    // the pods here ask every 5 ms.
+    // A query left unread is seen within a look, and a queue unread for `UNREAD_FOR` (its
+    // owner asleep, not stopped) takes the flows, checked by busy looks of up to 3 ms; the pods
+    // here ask every 5 ms; 10 ms for the scheduling of three processes on a shared machine.
+    let bound = LOOK_EVERY + UNREAD_FOR + 3 * LOOK_BUSY + Duration::from_millis(15);
     assert!(
-        dark <= Duration::from_millis(60),
-        "pods dark {dark:?} after LocalDNS went silent:\n{}",
+        dark <= bound,
+        "pods dark {dark:?} (bound {bound:?}) after LocalDNS went silent:\n{}",
         f.logs()
     );
     assert!(

@@ -23,12 +23,19 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(120);
 /// (one lost reply under load moves nothing).
 pub const ROUNDS_TO_ACT: u32 = 2;
 /// How often the kernel's view is read while LocalDNS holds the flows and its queues were empty
-/// at the last look: a query left unread is seen at most this late. A look is a sock_diag dump of
-/// the node's UDP and TCP listener tables (about 50 µs of kernel time), so this is most of what
-/// the standby costs beside a serving LocalDNS. While we hold the flows it is read as often, to
-/// follow the groups' members: a LocalDNS that dies or restarts moves our index, and a steering
-/// left pointing at the old one sends a listener's new flows to a socket that does not answer.
-pub const LOOK_EVERY: Duration = Duration::from_millis(10);
+/// at the last look: a query left unread is seen at most this late. Each look wakes the standby
+/// (about 60 µs of CPU on a 2-core VM whose CPUs sleep between wakes) and reads one socket per
+/// group (about 55 µs more, cold), so this sets what the standby costs beside a serving
+/// LocalDNS (0.45 % of a core at 30 ms; 1.25 % at 10 ms with whole-table dumps). 30 ms is the
+/// most that pods asking every 20 ms allow for a stopped LocalDNS to cost at most two of their
+/// queries (seen within 30 ms of the first unread one, taken [`STOPPED_FOR`] and a busy look
+/// later, before the third). While we hold the flows it is read as often, to follow the groups'
+/// members: a LocalDNS that dies or restarts moves our index, and a steering left pointing at
+/// the old one sends a listener's new flows to a socket that does not answer.
+pub const LOOK_EVERY: Duration = Duration::from_millis(30);
+/// A probe round due this soon after a look starts with it: one wake for both (the probe's
+/// period is four looks).
+const ASK_WITH_LOOK: Duration = Duration::from_millis(5);
 /// How often it is read while a queue is not empty: often enough to see a queue that is read
 /// shrink. A LocalDNS at its maximum rate keeps its queues non-empty, and the kernel frees their
 /// memory in batches, so a queue that is read rises and falls in a saw of a few milliseconds; a
@@ -42,7 +49,7 @@ pub const LOOK_BUSY: Duration = Duration::from_millis(1);
 /// shared two-core machine, 36 ms, found runnable and left be.
 /// A queue unshrinking this long has its owners asked whether they are stopped (SIGSTOP: not
 /// reading, whatever else); a stopped LocalDNS is taken from then, not [`UNREAD_FOR`] later.
-pub const STOPPED_FOR: Duration = Duration::from_millis(8);
+pub const STOPPED_FOR: Duration = Duration::from_millis(4);
 /// One idle look in this many reads the TCP listeners too (half a look's cost): a TCP client
 /// waits for a LocalDNS that stopped reading at most this many looks longer to be noticed.
 const TCP_EVERY_LOOKS: u32 = 5;
@@ -185,20 +192,22 @@ impl Flows {
         if let Some(out) = self.out.pop_front() {
             return Some(out);
         }
-        if !self.asking && now >= self.next_ask {
+        let look = now >= self.next_look;
+        if !self.asking && (now >= self.next_ask || look && now + ASK_WITH_LOOK >= self.next_ask) {
             self.asking = true;
             self.next_ask = now + PROBE_EVERY;
             return Some(Out::Ask);
         }
-        if now >= self.next_look {
+        if look {
             let queued: u64 = self.watched.iter().map(|w| u64::from(w.queued)).sum();
             let busy = queued > 0;
-            self.next_look = now
-                + match self.holder {
-                    Holder::LocalDns if busy => LOOK_BUSY * (1 + (queued % 3) as u32),
-                    Holder::LocalDns => LOOK_EVERY,
-                    Holder::Standby => LOOK_EVERY,
-                };
+            // Idle looks keep to a grid, not to when the last one ran, so that a wake late by
+            // its scheduling does not drift them away from the probe's rounds.
+            self.next_look = match self.holder {
+                Holder::LocalDns if busy => now + LOOK_BUSY * (1 + (queued % 3) as u32),
+                _ if self.next_look + LOOK_EVERY > now => self.next_look + LOOK_EVERY,
+                _ => now + LOOK_EVERY,
+            };
             self.looks = self.looks.wrapping_add(1);
             let tcp = busy || self.looks % TCP_EVERY_LOOKS == 1;
             return Some(Out::Look { tcp });
