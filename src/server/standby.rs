@@ -199,7 +199,11 @@ pub fn stand_by(
         }
         let now = Instant::now();
         if aside {
-            let announced = changes.is_some() && revents(1) && drain(changes.as_ref());
+            // An overrun of the announcements (an error to read) counts as a change too.
+            let announced = changes.is_some() && revents(1);
+            if announced {
+                drain(changes.as_ref());
+            }
             let checked = changes.is_none() && now >= next_address_check;
             if checked {
                 next_address_check = now + ADDRESS_CHECK;
@@ -218,16 +222,12 @@ pub fn stand_by(
     }
 }
 
-/// Reads every queued address announcement: only "something changed" matters. True if there
-/// was one.
-fn drain(changes: Option<&OwnedFd>) -> bool {
-    let Some(fd) = changes else { return false };
+/// Reads every queued address announcement: only "something changed" matters.
+fn drain(changes: Option<&OwnedFd>) {
+    let Some(fd) = changes else { return };
     let mut buf = [0u8; 8192];
-    let mut any = false;
     while nix::sys::socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).is_ok_and(|n| n > 0) {
-        any = true;
     }
-    any
 }
 
 fn said(why: Why) -> &'static str {
