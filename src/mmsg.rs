@@ -91,11 +91,6 @@ impl RecvBatch {
         Ok(self.n)
     }
 
-    /// Whether the last read filled every slot (more may be queued).
-    pub fn full(&self) -> bool {
-        self.n == self.lens.len()
-    }
-
     /// The datagrams of the last read (from a connected socket, whose sender is known).
     pub fn datagrams(&self) -> impl Iterator<Item = &[u8]> {
         (0..self.n).map(|i| &self.buf[i * RECV_SLOT..][..self.lens[i]])
@@ -266,14 +261,12 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(recv.recv(&rx).unwrap(), 4);
-        assert!(recv.full());
         let got: Vec<_> = recv.with_senders().map(|(d, f)| (d.to_vec(), f)).collect();
         for (i, (d, from)) in got.iter().enumerate() {
             assert_eq!(d, &vec![i as u8; 100 + i]);
             assert_eq!(*from, Some(a.local_addr().unwrap()));
         }
         assert_eq!(recv.recv(&rx).unwrap(), 2);
-        assert!(!recv.full());
 
         // Grouped by socket, in queue order within each; a connected socket needs no address.
         let c = UdpSocket::bind("127.0.0.1:0").unwrap();
