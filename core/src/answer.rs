@@ -1,7 +1,7 @@
 //! What each asker is sent: an upstream's (or the cache's) reply made into the answer to that
-//! asker's own query, and the query sent upstream. Pure functions over bytes, used by the engine
-//! for every delivery (fresh replies, cache hits, stale answers, coalesced followers) and for
-//! every query it forwards.
+//! asker's own query. Pure functions over bytes, used by the engine for every delivery (fresh
+//! replies, cache hits, stale answers, coalesced followers); the query sent upstream is
+//! [`wire::upstream_query`]'s.
 //!
 //! A reply may have been fetched for another client (coalescing) or long ago (the cache), so
 //! everything in it that belongs to the asker rather than to the answer is the asker's own:
@@ -17,15 +17,8 @@
 use crate::wire::{self, Query};
 
 /// Writes into `out` the answer to the asker's `query` (parsed as `q`) built from `reply`, at
-/// most `limit` bytes. `_scratch` is working space the caller keeps for reuse.
-pub fn for_asker(
-    reply: &[u8],
-    query: &[u8],
-    q: &Query,
-    limit: usize,
-    out: &mut Vec<u8>,
-    _scratch: &mut Vec<u8>,
-) {
+/// most `limit` bytes.
+pub fn for_asker(reply: &[u8], query: &[u8], q: &Query, limit: usize, out: &mut Vec<u8>) {
     let question = q.question(query);
     let question_end = wire::HEADER_LEN + question.len();
     out.clear();
@@ -86,12 +79,6 @@ fn finish(out: &mut Vec<u8>, query: &[u8], q: &Query, limit: usize, question_end
     }
 }
 
-/// Writes into `out` the query to send upstream for the asker's `query`, with the try's `id`:
-/// see [`wire::upstream_query`].
-pub fn upstream_query(query: &[u8], q: &Query, id: u16, out: &mut Vec<u8>) {
-    wire::upstream_query(query, q, id, out);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,8 +88,8 @@ mod tests {
 
     fn answer(reply: &[u8], query: &[u8], limit: usize) -> Vec<u8> {
         let q = wire::parse_query(query).unwrap();
-        let (mut out, mut scratch) = (Vec::new(), Vec::new());
-        for_asker(reply, query, &q, limit, &mut out, &mut scratch);
+        let mut out = Vec::new();
+        for_asker(reply, query, &q, limit, &mut out);
         out
     }
 

@@ -12,7 +12,7 @@
 //! - [`stats`]: plain counters the serving loops bump and `/metrics` reads.
 //! - [`upstream`]: the upstream sets of both groups and their passive health.
 //! - [`cache`]: the answer cache with serve-stale.
-//! - [`answer`]: each asker's own answer made from a shared reply, and the query sent upstream.
+//! - [`answer`]: each asker's own answer made from a shared reply.
 //! - [`engine`]: every decision about a query, for UDP and TCP alike: local answers, routing,
 //!   cache, coalescing, tries and deadlines, shedding, health. Inputs in, transmits and events out.
 //! - [`flows`]: who holds LocalDNS's new flows beside it (the standby), from its probe, the

@@ -79,11 +79,6 @@ pub fn is_truncated(p: &[u8]) -> bool {
     p[2] & TC != 0
 }
 
-/// ANCOUNT: how many answer records the message says it carries.
-pub fn answer_count(p: &[u8]) -> u16 {
-    u16::from_be_bytes([p[6], p[7]])
-}
-
 pub fn rcode(p: &[u8]) -> u8 {
     p[3] & 0x0f
 }
@@ -92,13 +87,9 @@ fn opcode(p: &[u8]) -> u8 {
     (p[2] >> 3) & 0x0f
 }
 
+/// QDCOUNT, ANCOUNT, NSCOUNT and ARCOUNT: how many records the message says each section holds.
 pub fn counts(p: &[u8]) -> [u16; 4] {
-    [
-        u16::from_be_bytes([p[4], p[5]]),
-        u16::from_be_bytes([p[6], p[7]]),
-        u16::from_be_bytes([p[8], p[9]]),
-        u16::from_be_bytes([p[10], p[11]]),
-    ]
+    std::array::from_fn(|i| u16::from_be_bytes([p[4 + 2 * i], p[5 + 2 * i]]))
 }
 
 /// What the forwarder needs to know about a client's query. Offsets index the query bytes.

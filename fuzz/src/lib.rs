@@ -549,14 +549,7 @@ pub fn upstream_reply(
     let q = wire::parse_query(&client_query).expect("built queries parse");
     for limit in [512usize, 1232, 65535] {
         let mut out = Vec::new();
-        localdns_fallback::answer::for_asker(
-            reply,
-            &client_query,
-            &q,
-            limit,
-            &mut out,
-            &mut Vec::new(),
-        );
+        localdns_fallback::answer::for_asker(reply, &client_query, &q, limit, &mut out);
         assert!(out.len() <= limit.max(reply.len().min(wire::HEADER_LEN)));
         let o = header(&out).expect("an answer has a header");
         assert_eq!(o.id, client_id_of(sent_id));

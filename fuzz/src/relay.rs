@@ -148,13 +148,13 @@ impl Rig {
         assert_eq!(wire::id(&bytes), leg.id, "the leg names the ID sent");
         // Over UDP only a UDP client's query; over TCP a TCP client's, or a UDP client's whose
         // UDP answer came back truncated (fetched whole over TCP). Each as
-        // `answer::upstream_query` makes it: the try's ID, 1232 bytes advertised, no COOKIE.
+        // `wire::upstream_query` makes it: the try's ID, 1232 bytes advertised, no COOKIE.
         let udp = matches!(leg.via, Via::Udp { .. });
         let mut expected = Vec::new();
         assert!(
             self.clients.iter().any(|(client, c)| {
                 let Some(q) = &c.parsed else { return false };
-                localdns_fallback::answer::upstream_query(&c.packet, q, leg.id, &mut expected);
+                localdns_fallback::wire::upstream_query(&c.packet, q, leg.id, &mut expected);
                 (!udp || matches!(client, Client::Udp(_))) && expected == bytes
             }),
             "what goes upstream is a client's query as upstream_query makes it, on its transport"

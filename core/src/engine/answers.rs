@@ -53,9 +53,7 @@ impl Engine {
         }
         for (client, query, q) in p.askers() {
             match &p.error_reply {
-                Some(reply) => {
-                    deliver(&mut self.outbox, &mut self.scratch, reply, client, query, q)
-                }
+                Some(reply) => deliver(&mut self.outbox, reply, client, query, q),
                 None => {
                     wire::local_reply(query, q, rcode::SERVFAIL, &mut self.scratch);
                     self.outbox.push(Dest::Client(client), &self.scratch);
@@ -89,14 +87,7 @@ impl Engine {
     }
 
     pub(super) fn deliver_answer(&mut self, client: Client, query: &[u8], q: &wire::Query) {
-        deliver(
-            &mut self.outbox,
-            &mut self.scratch,
-            &self.answer,
-            client,
-            query,
-            q,
-        );
+        deliver(&mut self.outbox, &self.answer, client, query, q);
     }
 
     /// The stale answer in `self.answer`, to one client now.
@@ -123,7 +114,6 @@ fn remember(memory: &mut Map<Key, Instant>, key: &Key, now: Instant, keep: Durat
 /// question, and cut to fit what it can take.
 pub(super) fn deliver(
     outbox: &mut Outbox,
-    scratch: &mut Vec<u8>,
     reply: &[u8],
     client: Client,
     query: &[u8],
@@ -131,7 +121,7 @@ pub(super) fn deliver(
 ) {
     let limit = reply_limit(client, q);
     outbox.push_with(Dest::Client(client), |out| {
-        answer::for_asker(reply, query, q, limit, out, scratch);
+        answer::for_asker(reply, query, q, limit, out);
     });
 }
 

@@ -480,7 +480,7 @@ impl Engine {
         // is fetched whole too: cut at record boundaries it gives even a 512-byte asker that
         // never retries over TCP (musl before 1.2.4, busybox) the records that fit.
         let wants_more = || {
-            wire::answer_count(packet) == 0
+            wire::counts(packet)[1] == 0
                 || p.askers()
                     .any(|(client, _, q)| reply_limit(client, q) > usize::from(wire::OUR_EDNS_SIZE))
         };
@@ -525,14 +525,7 @@ impl Engine {
             lock(cache).put(key, packet, now);
         }
         for (client, query, q) in p.askers() {
-            deliver(
-                &mut self.outbox,
-                &mut self.scratch,
-                packet,
-                client,
-                query,
-                q,
-            );
+            deliver(&mut self.outbox, packet, client, query, q);
         }
         let mut query = p.query;
         if self.spare_queries.len() < SPARE_QUERIES && query.capacity() <= SPARE_QUERY_BYTES {

@@ -12,9 +12,9 @@ use super::pending::{MAX_TRIES, Orphan, Pending, Slot, Timer, TimerKind, Try, Tr
 use super::{
     Dest, Engine, Event, Failure, HEDGE_COST, HEDGE_FLOOR, HEDGE_UNKNOWN, ID_DRAWS, Leg, Via,
 };
-use crate::answer;
 use crate::roles::{Transport, UpstreamGroup};
 use crate::upstream::Choice;
+use crate::wire;
 
 impl Engine {
     pub(super) fn try_timed_out(&mut self, slot: u32, try_no: usize, now: Instant) {
@@ -311,7 +311,7 @@ impl Engine {
                 now + delay
             });
             self.outbox.push_with(Dest::Upstream(leg), |out| {
-                answer::upstream_query(&p.query, &p.q, leg.id, out);
+                wire::upstream_query(&p.query, &p.q, leg.id, out);
             });
             self.keys.insert(TryKey::of(&leg), (slot, generation));
             // One timer per try at a time: the hedge's if it comes first, and the timeout's only

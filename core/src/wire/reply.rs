@@ -210,11 +210,7 @@ pub fn cut_records(
 /// clients). Queries without EDNS go as they came: the upstream decides how to fit 512 bytes.
 pub fn upstream_query(query: &[u8], q: &Query, id: u16, out: &mut Vec<u8>) {
     out.clear();
-    let fixed = if q.edns {
-        skip_name(query, q.opt_start)
-    } else {
-        None
-    };
+    let fixed = q.edns.then(|| skip_name(query, q.opt_start)).flatten();
     match fixed {
         Some(fixed) if q.cookie => {
             let rdata = fixed + 10;

@@ -117,7 +117,7 @@ fn a_truncated_udp_answer_is_fetched_over_tcp_for_an_asker_that_takes_more() {
     rig.reply_at(leg, tc, leg.to, 11);
     let last = rig.to_client().pop().unwrap();
     assert_eq!(wire::id(&last), 2);
-    assert!(wire::is_truncated(&last) && wire::answer_count(&last) == 1);
+    assert!(wire::is_truncated(&last) && wire::counts(&last)[1] == 1);
 }
 
 #[test]
@@ -152,7 +152,7 @@ fn a_truncated_answer_without_records_is_fetched_over_tcp_and_cut_to_what_fits()
     let cut = &answers[0];
     assert!(cut.len() <= 512, "{} bytes", cut.len());
     assert!(wire::is_truncated(cut), "TC: there is more");
-    let records = wire::answer_count(cut);
+    let records = wire::counts(cut)[1];
     assert!(
         (20..60).contains(&records),
         "{records} records that fit in 512 bytes"
