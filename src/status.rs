@@ -87,23 +87,21 @@ struct Look {
 }
 
 fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
-    let [node, cluster] = std::thread::scope(|s| {
+    let answered = std::thread::scope(|s| {
         let node = s.spawn(|| answers(listeners[0]));
         let cluster = answers(listeners[1]);
-        [
-            node.join()
-                .unwrap_or_else(|_| Err("the probe panicked".into())),
-            cluster,
-        ]
-    });
-    let answered = [node?, cluster?];
+        let node = node
+            .join()
+            .unwrap_or_else(|_| Err("the probe panicked".into()));
+        Ok::<_, String>([node?, cluster?])
+    })?;
     let daemons = daemons(&listeners)?
         .into_iter()
         .map(|d| {
-            let said = match d.metrics {
-                Some(addr) => scrape(addr).and_then(|text| published(&text)),
-                None => Err("serves these listeners without --metrics".to_string()),
-            };
+            let said = d
+                .metrics
+                .ok_or_else(|| "serves these listeners without --metrics".to_string())
+                .and_then(|addr| published(&scrape(addr)?));
             (d, said)
         })
         .collect();
@@ -113,15 +111,12 @@ fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
 fn answers(addr: SocketAddr) -> Result<bool, String> {
     let mut prober = Prober::new(&[addr], rand::random())
         .map_err(|e| format!("cannot make a socket to ask {addr}: {e}"))?;
-    for round in 0..ROUNDS {
+    Ok((0..ROUNDS).any(|round| {
         if round > 0 {
             std::thread::sleep(PAUSE);
         }
-        if prober.ask(WAIT) == Seen::Serving {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+        prober.ask(WAIT) == Seen::Serving
+    }))
 }
 
 /// The `localdns-fallback` daemons in /proc that serve one of `listeners` in our network
@@ -135,6 +130,7 @@ fn daemons(listeners: &[SocketAddr; 2]) -> Result<Vec<Daemon>, String> {
         let Some(pid) = entry
             .ok()
             .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != me)
         else {
             continue;
         };
@@ -145,9 +141,6 @@ fn daemons(listeners: &[SocketAddr; 2]) -> Result<Vec<Daemon>, String> {
         let Some(config) = daemon_config(&cmdline).filter(|c| serves(c, listeners)) else {
             continue;
         };
-        if pid == me {
-            continue;
-        }
         match std::fs::read_link(format!("/proc/{pid}/ns/net")) {
             Ok(ns) if ns != ours => continue,
             Ok(_) => {}
@@ -256,31 +249,30 @@ fn published(text: &str) -> Result<Published, String> {
 
 /// The verdict and its line, from what was seen at `now`.
 fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, String) {
-    let silent: Vec<String> = listeners
-        .iter()
-        .zip(look.answered)
-        .filter(|(_, answered)| !answered)
-        .map(|(l, _)| l.to_string())
-        .collect();
+    // The listeners whose flag is `set`, joined by "and" ("" for none).
+    let which = |flags: [bool; 2], set: bool| {
+        let named: Vec<String> = listeners
+            .iter()
+            .zip(flags)
+            .filter(|(_, f)| *f == set)
+            .map(|(l, _)| l.to_string())
+            .collect();
+        named.join(" and ")
+    };
+    let silent = which(look.answered, false);
+    let now = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
     for (daemon, said) in &look.daemons {
         let Ok(p) = said else { continue };
         if !p.holding.contains(&true) {
             continue;
         }
-        let held: Vec<String> = listeners
-            .iter()
-            .zip(p.holding)
-            .filter(|(_, h)| *h)
-            .map(|(l, _)| l.to_string())
-            .collect();
-        let now = now
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
         let mut line = format!(
             "LocalDNS is on its fallback: {} holds the flows of {} since {} ({} ago)",
             daemon.name(),
-            held.join(" and "),
+            which(p.holding, true),
             utc(p.since),
             ago(now - p.since)
         );
@@ -290,28 +282,25 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
         // While the standby holds the flows, its steering still sends the probe name to
         // LocalDNS's sockets: silence here is LocalDNS's own.
         if !silent.is_empty() {
-            line += &format!("; the probe gets no answer on {}", silent.join(" and "));
+            line += &format!("; the probe gets no answer on {silent}");
         }
         return (Verdict::NonOk, line);
     }
     if !silent.is_empty() {
-        let fallbacks = if look.daemons.is_empty() {
+        let each: Vec<String> = look
+            .daemons
+            .iter()
+            .map(|(d, said)| match said {
+                Ok(_) => format!("{} does not hold the flows", d.name()),
+                Err(e) => format!("{} {e}", d.name()),
+            })
+            .collect();
+        let fallbacks = if each.is_empty() {
             "no fallback runs".to_string()
         } else {
-            let each: Vec<String> = look
-                .daemons
-                .iter()
-                .map(|(d, said)| match said {
-                    Ok(_) => format!("{} does not hold the flows", d.name()),
-                    Err(e) => format!("{} {e}", d.name()),
-                })
-                .collect();
             each.join("; ")
         };
-        let line = format!(
-            "nothing answers LocalDNS's probe on {}; {fallbacks}",
-            silent.join(" and ")
-        );
+        let line = format!("nothing answers LocalDNS's probe on {silent}; {fallbacks}");
         return (Verdict::NonOk, line);
     }
     if let Some((daemon, Err(e))) = look.daemons.iter().find(|(_, said)| said.is_err()) {
