@@ -98,10 +98,6 @@ impl ClientSide {
         state
     }
 
-    fn closed(&self, conn: ConnId) {
-        self.open().remove(&conn);
-    }
-
     /// The connection waits for a query from `since` on (Some), or is busy with one (None).
     fn set_idle(&self, conn: &Conn, since: Option<Instant>) {
         let ms = since.map_or(0, |t| {
@@ -325,7 +321,7 @@ async fn connection(
             side.set_idle(&state, Some(Instant::now()));
         }
     }
-    side.closed(conn);
+    side.open().remove(&conn);
     // Answers to queries already sent still go out, within the query budget.
     let pending = u32::try_from(TCP_PIPELINE).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(side.answer_wait, slots.acquire_many(pending)).await;
@@ -383,7 +379,7 @@ mod tests {
         assert!(told(&conns[0]).await);
         assert!(!side.close_longest_idle(), "the busy one stays");
         for c in 1..=3 {
-            side.closed(c);
+            side.open().remove(&c);
         }
         assert!(side.open().is_empty());
     }

@@ -144,8 +144,6 @@ struct Shell {
     /// UDP datagrams sent together at the end of each flush, each with the try it is for (none
     /// for a reply to a client).
     out: SendBatch<Option<Leg>>,
-    /// What the last batch could not send, and why.
-    refusals: Vec<(Option<Leg>, io::Error)>,
     failed: Vec<(Leg, Failure)>,
     log: EventLog,
 }
@@ -165,11 +163,10 @@ pub fn run(relay: Relay) {
         drain,
         own_probes,
     } = relay;
-    let role = engine.role();
     let epoll = match register(&listener, &mailbox, &stop) {
         Ok(epoll) => epoll,
         Err(e) => {
-            tracing::error!(error = %e, listener = role.name(), "cannot set up epoll; UDP not served");
+            tracing::error!(error = %e, listener = engine.role().name(), "cannot set up epoll; UDP not served");
             return;
         }
     };
@@ -182,7 +179,6 @@ pub fn run(relay: Relay) {
         stats,
         clients: HashMap::new(),
         out: SendBatch::new(BATCH),
-        refusals: Vec::new(),
         failed: Vec::new(),
         log: EventLog::default(),
     };
@@ -401,23 +397,20 @@ impl Shell {
     }
 
     fn send_udp(&mut self) {
-        let (listener, sockets, refusals) =
-            (&self.listener, &self.upstream_sockets, &mut self.refusals);
+        let (listener, sockets, failed) =
+            (&self.listener, &self.upstream_sockets, &mut self.failed);
         self.out.send(
             |tag| udp_socket(listener, sockets, tag).map(AsRawFd::as_raw_fd),
-            |leg, e| refusals.push((leg, e)),
-        );
-        for (leg, e) in self.refusals.drain(..) {
-            match leg {
+            |leg, e| match leg {
                 // A full send queue is congestion here, not a fault of the upstream: the
                 // datagram is lost like any other and the try's timer moves the query on.
                 Some(leg) if e.kind() != io::ErrorKind::WouldBlock => {
-                    self.failed.push((leg, Failure::from_io(&e)))
+                    failed.push((leg, Failure::from_io(&e)))
                 }
                 Some(_) => {}
                 None => tracing::debug!(error = %e, "cannot send a reply to a UDP client"),
-            }
-        }
+            },
+        );
     }
 }
 

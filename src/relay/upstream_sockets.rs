@@ -82,10 +82,9 @@ impl UpstreamSockets {
                     slot,
                 };
                 if index == self.sockets.len() {
-                    self.sockets.push(Some(up));
-                } else {
-                    self.sockets[index] = Some(up);
+                    self.sockets.push(None);
                 }
+                self.sockets[index] = Some(up);
                 slots.push(index);
             }
             // Fewer sockets than slots: the engine's tries on missing slots fail as NoSocket.
