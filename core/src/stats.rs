@@ -77,24 +77,9 @@ impl ListenerStats {
         self.responses[transport as usize][code].fetch_add(1, Relaxed);
     }
 
+    /// Adds `delta`, which may be negative (the add wraps, so that subtracts).
     pub fn add_inflight(&self, delta: i64) {
-        if delta >= 0 {
-            self.inflight.fetch_add(delta as u64, Relaxed);
-        } else {
-            self.inflight.fetch_sub(delta.unsigned_abs(), Relaxed);
-        }
-    }
-
-    pub fn total(&self) -> u64 {
-        self.responses
-            .iter()
-            .flatten()
-            .map(|c| c.load(Relaxed))
-            .sum()
-    }
-
-    pub fn servfails(&self) -> u64 {
-        self.responses.iter().map(|r| r[2].load(Relaxed)).sum()
+        self.inflight.fetch_add(delta as u64, Relaxed);
     }
 }
 
@@ -282,9 +267,10 @@ impl Counters {
 
     pub fn totals(&self) -> Totals {
         let mut t = Totals::default();
+        let count = |c: &AtomicU64| c.load(Relaxed);
         for l in &self.listeners {
-            t.answers += l.total();
-            t.servfail += l.servfails();
+            t.answers += l.responses.iter().flatten().map(count).sum::<u64>();
+            t.servfail += l.responses.iter().map(|r| count(&r[2])).sum::<u64>();
             t.stale += l.stale.load(Relaxed);
             t.shed += l.shed.load(Relaxed);
         }

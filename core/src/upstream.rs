@@ -197,6 +197,10 @@ impl UpstreamSet {
                 }
             })
         };
+        let choice = |i: usize, probe| Choice {
+            addr: self.addrs[i],
+            probe,
+        };
         let open = move |i: &usize| !excluded.contains(&self.addrs[*i]);
         let fresh = move |i: &usize| open(i) && !tried.contains(&self.addrs[*i]);
         let healthy = move |i: &usize| fresh(i) && !self.suspect(*i);
@@ -206,10 +210,7 @@ impl UpstreamSet {
         }
         if !order().any(|i| fresh(&i)) {
             let i = order().filter(open).nth(tried.len() % open_count)?;
-            return Some(Choice {
-                addr: self.addrs[i],
-                probe: false,
-            });
+            return Some(choice(i, false));
         }
         let srtt = |i: usize| self.health[i].srtt_us.load(Relaxed);
         let best = order().filter(healthy).map(srtt).min().unwrap_or(0);
@@ -225,10 +226,7 @@ impl UpstreamSet {
                 .filter(fresh)
                 .find(|i| (self.suspect(*i) || !in_band(i)) && self.claim_probe(*i, now_ms));
             if let Some(i) = due {
-                return Some(Choice {
-                    addr: self.addrs[i],
-                    probe: true,
-                });
+                return Some(choice(i, true));
             }
         }
         let banded = move |i: &usize| healthy(i) && in_band(i);
@@ -241,10 +239,7 @@ impl UpstreamSet {
             .min_by_key(outstanding)
             .or_else(|| order().filter(healthy).min_by_key(outstanding))
             .or_else(|| order().filter(fresh).min_by_key(outstanding))?;
-        Some(Choice {
-            addr: self.addrs[i],
-            probe: false,
-        })
+        Some(choice(i, false))
     }
 
     /// Tried after the others: suspect, or late on its last tries.
