@@ -475,13 +475,9 @@ fn check(c: &Config) -> Result<(), String> {
 
 /// `IP`, `IP:PORT` or `[IPv6]:PORT`; a bare IP means port 53.
 pub fn parse_addr(flag: &str, s: &str) -> Result<SocketAddr, String> {
-    if let Ok(addr) = s.parse::<SocketAddr>() {
-        return Ok(addr);
-    }
-    if let Ok(ip) = s.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, 53));
-    }
-    Err(format!("{flag} {s:?}: expected IP, IP:PORT or [IPv6]:PORT"))
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| format!("{flag} {s:?}: expected IP, IP:PORT or [IPv6]:PORT"))
 }
 
 /// Like `parse_duration`, but a bare `0` means zero (off).

@@ -87,10 +87,9 @@ pub fn forbid_writes(except: &[&Path]) -> Result<Confined, String> {
         )
     };
     if abi < 1 {
-        return Err(format!(
+        return Err(os_error(
             "cannot use Landlock to confine file-system writes (the kernel lacks it, or a \
-             system-call filter denies it): {}",
-            std::io::Error::last_os_error()
+             system-call filter denies it)",
         ));
     }
     let mut handled = WRITE_FILE
@@ -122,10 +121,7 @@ pub fn forbid_writes(except: &[&Path]) -> Result<Confined, String> {
         )
     };
     if ruleset < 0 {
-        return Err(format!(
-            "cannot make a Landlock ruleset: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(os_error("cannot make a Landlock ruleset"));
     }
     let ruleset = ruleset as libc::c_int;
     let result = confine(ruleset, abi, except);
@@ -169,19 +165,18 @@ fn confine(ruleset: libc::c_int, abi: i64, except: &[&Path]) -> Result<Confined,
     }
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!(
-            "cannot set no_new_privs: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(os_error("cannot set no_new_privs"));
     }
     // SAFETY: ruleset is a Landlock ruleset descriptor.
     if unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) } != 0 {
-        return Err(format!(
-            "cannot confine file-system writes: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(os_error("cannot confine file-system writes"));
     }
     Ok(Confined { abi, writable })
+}
+
+/// `what`, then the error of the system call that just failed.
+fn os_error(what: &str) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
 }
 
 #[cfg(test)]

@@ -52,16 +52,12 @@ pub fn gather(config: &Config) -> Report {
         (f, d.cluster_ip)
     } else {
         let finding = find_kube_dns(d);
-        let problem = finding.source.is_none().then(|| explain(&finding.notes));
-        let source = finding.source.map_or("none", |s| s.name()).to_string();
-        (
-            Found {
-                upstreams: finding.upstreams,
-                source,
-                problem,
-            },
-            finding.cluster_ip,
-        )
+        let f = Found {
+            problem: finding.source.is_none().then(|| explain(&finding.notes)),
+            source: finding.source.map_or("none", |s| s.name()).to_string(),
+            upstreams: finding.upstreams,
+        };
+        (f, finding.cluster_ip)
     };
     Report {
         vnet_dns,

@@ -94,14 +94,6 @@ pub async fn follow(
     }
 }
 
-/// Why resolv.conf gives nothing usable right now.
-enum ResolvProblem {
-    /// It cannot be read: why.
-    Unreadable(String),
-    /// It names no server but our listeners or loopback stubs.
-    NoServer,
-}
-
 /// The VNet DNS side of following: resolv.conf first; the DHCP leases while resolv.conf names
 /// no usable server and none of its servers were ever in force.
 #[derive(Default)]
@@ -112,8 +104,9 @@ struct VnetDnsFollower {
     listeners: Vec<IpAddr>,
     resolv_stamp: Option<resolv_conf::Stamp>,
     leases_stamp: Option<resolv_conf::Stamp>,
-    /// `None`: resolv.conf gives usable servers.
-    resolv_problem: Option<ResolvProblem>,
+    /// Why resolv.conf gives nothing usable right now, and whether that is because it cannot
+    /// be read (else it names no server but our listeners or loopback stubs); `None`: it does.
+    resolv_problem: Option<(String, bool)>,
     /// resolv.conf's servers were in force once: they are kept from then on, never the leases'.
     resolv_conf_served: bool,
     /// The last complaint logged, so each is logged once.
@@ -152,20 +145,17 @@ impl VnetDnsFollower {
                     self.said = None;
                     return;
                 }
-                Err(e) => self.resolv_problem = Some(ResolvProblem::Unreadable(e)),
-                Ok(_) => self.resolv_problem = Some(ResolvProblem::NoServer),
+                Err(e) => self.resolv_problem = Some((e, true)),
+                Ok(_) => {
+                    let why = format!(
+                        "{path} lists no VNet DNS server (only our listeners or loopback stubs)"
+                    );
+                    self.resolv_problem = Some((why, false));
+                }
             }
         }
-        let (why, unreadable) = match &self.resolv_problem {
-            None => return,
-            Some(ResolvProblem::Unreadable(e)) => (e.clone(), true),
-            Some(ResolvProblem::NoServer) => (
-                format!(
-                    "{} lists no VNet DNS server (only our listeners or loopback stubs)",
-                    self.resolv_conf.display()
-                ),
-                false,
-            ),
+        let Some((why, unreadable)) = self.resolv_problem.clone() else {
+            return;
         };
         // Servers resolv.conf named are kept over the leases: the file lists only our own
         // listener while LocalDNS's drop-in is in place, and a missing file is no reason to
