@@ -101,19 +101,15 @@ fn vnet_dns(config: &Config) -> Found {
 
 fn line(out: &mut String, label: &str, found: &Found) {
     let servers: Vec<String> = found.upstreams.iter().map(ToString::to_string).collect();
-    match &found.problem {
-        None => {
-            let _ = writeln!(
-                out,
-                "  {label:<40} {}  (from {})",
-                servers.join(" "),
-                found.source
-            );
-        }
-        Some(why) => {
-            let _ = writeln!(out, "  {label:<40} NONE: {why}");
-        }
-    }
+    let _ = match &found.problem {
+        None => writeln!(
+            out,
+            "  {label:<40} {}  (from {})",
+            servers.join(" "),
+            found.source
+        ),
+        Some(why) => writeln!(out, "  {label:<40} NONE: {why}"),
+    };
 }
 
 pub fn text(config: &Config, r: &Report) -> String {

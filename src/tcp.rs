@@ -57,6 +57,7 @@ pub struct ClientSide {
 }
 
 /// What the listener knows of one connection.
+#[derive(Default)]
 struct Conn {
     /// Since when it waits for a query, in ms since `ClientSide::epoch` plus one; 0 while a query
     /// is being read.
@@ -90,10 +91,7 @@ impl ClientSide {
     }
 
     fn opened(&self, conn: ConnId) -> Arc<Conn> {
-        let state = Arc::new(Conn {
-            idle_since_ms: AtomicU64::new(0),
-            close: Notify::new(),
-        });
+        let state = Arc::new(Conn::default());
         self.open().insert(conn, state.clone());
         state
     }

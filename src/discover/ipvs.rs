@@ -77,17 +77,13 @@ fn virtual_services(text: &str, addr: fn(&str) -> Option<SocketAddr>) -> Vec<Vir
                 }
             }
             [proto @ ("TCP" | "UDP"), local, ..] => {
-                open = match addr(local) {
-                    Some(addr) => {
-                        services.push(VirtualService {
-                            udp: *proto == "UDP",
-                            addr,
-                            real: Vec::new(),
-                        });
-                        true
-                    }
-                    None => false,
-                }
+                let service = addr(local).map(|addr| VirtualService {
+                    udp: *proto == "UDP",
+                    addr,
+                    real: Vec::new(),
+                });
+                open = service.is_some();
+                services.extend(service);
             }
             _ => open = false,
         }

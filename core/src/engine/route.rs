@@ -36,10 +36,13 @@ impl Routes {
             by_listener: [Vec::new(), Vec::new()],
         };
         routes.set(ListenerRole::Node, b"\0", UpstreamGroup::VnetDns);
+        routes.set(ListenerRole::Node, cluster_domain, UpstreamGroup::KubeDns);
         routes.set(ListenerRole::Cluster, b"\0", UpstreamGroup::KubeDns);
-        for listener in [ListenerRole::Node, ListenerRole::Cluster] {
-            routes.set(listener, cluster_domain, UpstreamGroup::KubeDns);
-        }
+        routes.set(
+            ListenerRole::Cluster,
+            cluster_domain,
+            UpstreamGroup::KubeDns,
+        );
         routes
     }
 
