@@ -482,10 +482,9 @@ pub fn parse_addr(flag: &str, s: &str) -> Result<SocketAddr, String> {
 
 /// Like `parse_duration`, but a bare `0` means zero (off).
 fn parse_duration_or_zero(flag: &str, s: &str) -> Result<Duration, String> {
-    if s == "0" {
-        Ok(Duration::ZERO)
-    } else {
-        parse_duration(flag, s)
+    match s {
+        "0" => Ok(Duration::ZERO),
+        _ => parse_duration(flag, s),
     }
 }
 

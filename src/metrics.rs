@@ -15,7 +15,8 @@ use tokio::sync::Semaphore;
 use crate::cache::Cache;
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 use crate::stats::{
-    Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, TakeoverCause, UpstreamStats,
+    Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, TakeoverCause, Takeovers,
+    UpstreamStats,
 };
 use crate::upstream::UpstreamSets;
 
@@ -55,6 +56,8 @@ enum Samples {
     PerListener(fn(&ListenerStats) -> u64),
     /// One sample per upstream, labelled `group` and `upstream`.
     PerUpstream(fn(&UpstreamStats) -> u64),
+    /// One sample per takeover cause, labelled `cause`.
+    PerCause(fn(&Takeovers, TakeoverCause) -> u64),
     /// One sample, unlabelled (whole numbers print without a fraction).
     One(fn(&Scrape) -> f64),
     /// Writes its own sample lines for the series it is given the name of.
@@ -206,23 +209,13 @@ const SERIES: &[Series] = &[
         name: "localdns_fallback_takeovers_total",
         kind: "counter",
         help: "Times this process took LocalDNS's flows, by cause: localdns_failed (started by systemd for a failed or restarting LocalDNS), addresses_gone (the standby saw LocalDNS's addresses removed), silent_probe (the standby's probe went unanswered), unread_queries (the standby saw LocalDNS leave queries unread in its sockets), by_hand.",
-        samples: Samples::Own(|s, name, o| {
-            for c in TakeoverCause::ALL {
-                let (taken, _) = s.counters.takeovers.count(c);
-                let _ = writeln!(o, "{name}{{cause=\"{}\"}} {taken}", c.name());
-            }
-        }),
+        samples: Samples::PerCause(|t, c| t.count(c).0),
     },
     Series {
         name: "localdns_fallback_handbacks_total",
         kind: "counter",
         help: "Times this process gave LocalDNS its flows back, by the cause of the takeover it ended.",
-        samples: Samples::Own(|s, name, o| {
-            for c in TakeoverCause::ALL {
-                let (_, handed) = s.counters.takeovers.count(c);
-                let _ = writeln!(o, "{name}{{cause=\"{}\"}} {handed}", c.name());
-            }
-        }),
+        samples: Samples::PerCause(|t, c| t.count(c).1),
     },
     Series {
         name: "localdns_fallback_last_takeover_timestamp_seconds",
@@ -302,6 +295,12 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
             Samples::PerUpstream(get) => {
                 for (k, u) in &scrape.upstreams {
                     let _ = writeln!(o, "{name}{{{}}} {}", upstream_labels(k), get(u));
+                }
+            }
+            Samples::PerCause(get) => {
+                for c in TakeoverCause::ALL {
+                    let n = get(&counters.takeovers, c);
+                    let _ = writeln!(o, "{name}{{cause=\"{}\"}} {n}", c.name());
                 }
             }
             Samples::One(get) => {

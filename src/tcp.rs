@@ -274,10 +274,9 @@ async fn connection(
             }
             framed.clear();
             frame::encode(&reply, &mut framed);
-            match tokio::time::timeout(idle, writer.write_all(&framed)).await {
-                Ok(Ok(())) => {}
-                _ => return,
-            }
+            let Ok(Ok(())) = tokio::time::timeout(idle, writer.write_all(&framed)).await else {
+                return;
+            };
         }
     });
     let mut decoder = FrameDecoder::new(wire::MAX_QUERY);

@@ -385,8 +385,7 @@ fn cacheable(reply: &[u8], limits: &Limits, ttl_offsets: &mut Vec<u8>) -> Option
         return None;
     }
     let ttl = answer_ttl.into_iter().chain(negative_ttl).min()?;
-    let fresh_for = Duration::from_secs(u64::from(ttl)).clamp(limits.min_ttl, limits.max_ttl);
-    Some(fresh_for)
+    Some(Duration::from_secs(u64::from(ttl)).clamp(limits.min_ttl, limits.max_ttl))
 }
 
 #[cfg(test)]

@@ -283,17 +283,15 @@ pub fn records(p: &[u8]) -> Option<Vec<Record>> {
     if p.len() < HEADER_LEN {
         return None;
     }
-    let [qd, an, ns, ar] = counts(p);
-    let mut at = questions_end(p, qd.into())?;
-    let mut out = Vec::with_capacity(usize::from(an) + usize::from(ns) + usize::from(ar));
-    for index in 0..(usize::from(an) + usize::from(ns) + usize::from(ar)) {
+    let [qd, an, ns, ar] = counts(p).map(usize::from);
+    let mut at = questions_end(p, qd)?;
+    let mut out = Vec::with_capacity(an + ns + ar);
+    for index in 0..an + ns + ar {
         let rr = resource_record(p, at)?;
-        let section = if index < usize::from(an) {
-            Section::Answer
-        } else if index < usize::from(an) + usize::from(ns) {
-            Section::Authority
-        } else {
-            Section::Additional
+        let section = match index {
+            i if i < an => Section::Answer,
+            i if i < an + ns => Section::Authority,
+            _ => Section::Additional,
         };
         // SOA RDATA ends with SERIAL, REFRESH, RETRY, EXPIRE, MINIMUM (RFC 1035 §3.3.13).
         let soa_minimum = (rr.rtype == 6 && rr.end >= rr.ttl_offset + 6 + 20).then(|| {

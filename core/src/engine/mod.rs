@@ -153,10 +153,7 @@ impl Engine {
             keys: Map::with_hasher(hasher.clone()),
             orphans: Map::with_hasher(hasher.clone()),
             orphan_timers: BinaryHeap::new(),
-            waiting: [
-                Map::with_hasher(hasher.clone()),
-                Map::with_hasher(hasher.clone()),
-            ],
+            waiting: std::array::from_fn(|_| Map::with_hasher(hasher.clone())),
             recheck: Map::with_hasher(hasher.clone()),
             unanswered: Map::with_hasher(hasher),
             timers: BinaryHeap::new(),
