@@ -224,15 +224,12 @@ pub async fn serve(
             // Over the cap the longest idle connection makes room; with every connection busy
             // the new one is closed at once: a client would rather see that than hang.
             Err(_) if side.close_longest_idle() => {
-                match tokio::time::timeout(
-                    Duration::from_millis(200),
-                    side.connections.clone().acquire_owned(),
-                )
-                .await
-                {
-                    Ok(Ok(permit)) => permit,
-                    _ => continue,
-                }
+                let room = side.connections.clone().acquire_owned();
+                let Ok(Ok(permit)) = tokio::time::timeout(Duration::from_millis(200), room).await
+                else {
+                    continue;
+                };
+                permit
             }
             Err(_) => continue,
         };

@@ -533,12 +533,8 @@ impl Engine {
 
     /// A try could not be sent, or its TCP exchange broke: the query moves on at once.
     pub fn handle_failure(&mut self, now: Instant, leg: Leg, failure: Failure) {
-        if matches!(leg.via, Via::Udp { .. })
-            && matches!(
-                failure,
-                Failure::Network(std::io::ErrorKind::ConnectionRefused)
-            )
-        {
+        let refused = Failure::Network(std::io::ErrorKind::ConnectionRefused);
+        if matches!(leg.via, Via::Udp { .. }) && failure == refused {
             // ICMP port unreachable: every try at that upstream is as good as lost.
             self.handle_unreachable(now, leg.to);
             return;
