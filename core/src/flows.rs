@@ -54,6 +54,12 @@ pub const STOPPED_FOR: Duration = Duration::from_millis(4);
 /// waits for a LocalDNS that stopped reading at most this many looks longer to be noticed.
 const TCP_EVERY_LOOKS: u32 = 5;
 pub const UNREAD_FOR: Duration = Duration::from_millis(30);
+/// A look this much later than it was due says the standby itself was not running: the machine
+/// paused (a VM's CPU quota at its host stops every CPU for tens of milliseconds at a time) or
+/// starved it. LocalDNS was stopped as long, so that time is no evidence of a hang: a stall is
+/// timed afresh from such a look (seen on this VM: 29 ms pauses every 100 ms under a parallel
+/// build, each taken for an unread queue before this).
+pub const LATE: Duration = Duration::from_millis(10);
 /// After handing back flows the queues took, the queues take nothing for this long (the probe
 /// still does): a LocalDNS that its CPU quota freezes for tens of milliseconds at a time looks
 /// hung to the queues and well to the probe, and would otherwise change hands every half second.
@@ -143,6 +149,8 @@ pub struct Flows {
     complete: bool,
     looked_once: bool,
     last_look: Instant,
+    /// When the look under way was due.
+    look_due: Instant,
     looks: u32,
     unread_rests_until: Option<Instant>,
     out: VecDeque<Out>,
@@ -164,6 +172,7 @@ impl Flows {
             complete: false,
             looked_once: false,
             last_look: now,
+            look_due: now,
             looks: 0,
             unread_rests_until: None,
             out: VecDeque::new(),
@@ -199,6 +208,7 @@ impl Flows {
             return Some(Out::Ask);
         }
         if look {
+            self.look_due = self.next_look;
             let queued: u64 = self.watched.iter().map(|w| u64::from(w.queued)).sum();
             let busy = queued > 0;
             // Idle looks keep to a grid, not to when the last one ran, so that a wake late by
@@ -280,6 +290,20 @@ impl Flows {
             })
             .collect();
         self.watched = watched;
+        // A queue seen non-empty is followed by busy looks from this one on, not from the
+        // next: two idle looks that each found a queue are 30 ms apart, and a healthy LocalDNS
+        // at its maximum rate may show one at both.
+        let queued: u64 = self.watched.iter().map(|w| u64::from(w.queued)).sum();
+        if self.holder == Holder::LocalDns && queued > 0 {
+            self.next_look = self
+                .next_look
+                .min(now + LOOK_BUSY * (1 + (queued % 3) as u32));
+        }
+        if now.saturating_duration_since(self.look_due) > LATE {
+            for w in self.watched.iter_mut().filter(|w| w.since.is_some()) {
+                (w.since, w.asked_early) = (Some(now), false);
+            }
+        }
         if moved {
             self.out.push_back(Out::Repoint);
         }
