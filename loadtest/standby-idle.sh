@@ -3,10 +3,12 @@
 # `localdns-fallback --standby` over an idle window, in a private network namespace with a
 # stand-in LocalDNS (tests/systemd/standin.rs, bound with SO_REUSEPORT like CoreDNS).
 #   loadtest/standby-idle.sh [SECONDS]     (default 30; needs root and a release build)
+# BINARY=path measures another build; STRACE=1 (STRACE_ARGS=..., default -c) and PERF=1 (perf
+# record into $TMPDIR/standby-idle.perf) look inside it for 5 s after the window.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}
-binary=target/release/localdns-fallback
+binary=${BINARY:-target/release/localdns-fallback}
 [[ -x $binary ]] || { echo "no $binary (cargo build --release first)" >&2; exit 1; }
 ns=lf-standby-idle-$$
 standin=$(mktemp -d)/standin
@@ -35,7 +37,7 @@ sleep 3
 ticks() { cat /proc/"$fwd"/task/*/schedstat | awk '{ s += $1 } END { print s }'; }
 t0=$(ticks); s0=$(date +%s.%N)
 sleep "$seconds"; [[ -n ${STRACE:-} ]] && timeout 5 strace ${STRACE_ARGS:--c} -f -p "$fwd" 2>&1 | head -25
-[[ -n ${PERF:-} ]] && perf record -o /tmp/exp/perf.data -F 20000 -g -p "$fwd" -- sleep 5 >/dev/null 2>&1
+[[ -n ${PERF:-} ]] && perf record -o "${TMPDIR:-/tmp}/standby-idle.perf" -F 20000 -g -p "$fwd" -- sleep 5 >/dev/null 2>&1
 t1=$(ticks); s1=$(date +%s.%N)
 rss=$(awk '/^VmRSS/ {print $2}' "/proc/$fwd/status")
 cpu=$(awk -v t="$((t1 - t0))" -v a="$s0" -v b="$s1" 'BEGIN { printf "%.3f", 100 * t / 1e9 / (b - a) }')
