@@ -26,7 +26,7 @@ pub const ROUNDS_TO_ACT: u32 = 2;
 /// at the last look: a query left unread is seen at most this late. Each look wakes the standby
 /// (about 60 µs of CPU on a 2-core VM whose CPUs sleep between wakes) and reads one socket per
 /// group (about 55 µs more, cold), so this sets what the standby costs beside a serving
-/// LocalDNS (0.45 % of a core at 30 ms; 1.25 % at 10 ms with whole-table dumps). 30 ms is the
+/// LocalDNS (0.45 % of a core at 30 ms; 1.7 % at 10 ms with whole-table dumps). 30 ms is the
 /// most that pods asking every 20 ms allow for a stopped LocalDNS to cost at most two of their
 /// queries (seen within 30 ms of the first unread one, taken [`STOPPED_FOR`] and a busy look
 /// later, before the third). While we hold the flows it is read as often, to follow the groups'

@@ -166,8 +166,8 @@ fn hung_localdns(c: &mut Container) -> (f64, f64) {
         .max()
         .unwrap_or(resumed);
     let back = ms(last_not_localdns.saturating_sub(resumed));
-    // The standby reads LocalDNS's socket queues every 10 ms and takes the flows after 30 ms of
-    // queries left unread (40-60 ms dark measured); judged on the median over the runs (at most
+    // The standby reads LocalDNS's socket queues every 30 ms and takes the flows 4 ms after it
+    // finds one unread and its owner stopped (40-60 ms dark measured); judged on the median over the runs (at most
     // 150 ms, see `phases`), and no run may reach the 1 s the probe alone needed.
     if dark >= 1000.0 {
         c.fail(&format!(
