@@ -167,8 +167,9 @@ fn hung_localdns(c: &mut Container) -> (f64, f64) {
         .unwrap_or(resumed);
     let back = ms(last_not_localdns.saturating_sub(resumed));
     // The standby reads LocalDNS's socket queues every 30 ms and takes the flows 4 ms after it
-    // finds one unread and its owner stopped (40-60 ms dark measured); judged on the median over the runs (at most
-    // 150 ms, see `phases`), and no run may reach the 1 s the probe alone needed.
+    // finds one unread and its owner stopped (40-60 ms dark measured); judged on the median over
+    // the runs (at most 150 ms, see `phases`), and no run may reach the 1 s the probe alone
+    // needed.
     if dark >= 1000.0 {
         c.fail(&format!(
             "a hung LocalDNS left pods dark {dark:.0} ms with the standby unit"
