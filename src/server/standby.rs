@@ -7,9 +7,9 @@
 //! steering points at LocalDNS's sockets while LocalDNS answers: from the instant of the bind
 //! (steered to us first and handed over after, each start and restart took a few queries), and
 //! at the stop (the program stays: see `serve`). [`stand_by`] carries out what `flows` decides:
-//! it takes the flows when LocalDNS leaves queries unread in its sockets for 30 ms (the kernel's
-//! view, from sock_diag) or after two silent probe rounds, and hands them back after two answered
-//! ones. Its own questions reach LocalDNS's sockets even while we hold the flows (the steering
+//! it takes the flows when LocalDNS leaves queries unread in its sockets for 30 ms, or 4 ms if
+//! its process is stopped (the kernel's view, from sock_diag), or after two silent probe rounds,
+//! and hands them back after two answered ones. Its own questions reach LocalDNS's sockets even while we hold the flows (the steering
 //! program lets them through, and the relay drops any that reach us).
 
 use std::net::SocketAddr;
