@@ -60,6 +60,9 @@ pub const UNREAD_FOR: Duration = Duration::from_millis(30);
 /// timed afresh from such a look (seen on this VM: 29 ms pauses every 100 ms under a parallel
 /// build, each taken for an unread queue before this).
 pub const LATE: Duration = Duration::from_millis(10);
+/// The least time between two looks for pods' queries that reached the standby (see
+/// [`Flows::stray`]): a steering that cannot be mended costs at most 100 dumps a second.
+pub const STRAY_GAP: Duration = Duration::from_millis(10);
 /// After handing back flows the queues took, the queues take nothing for this long (the probe
 /// still does): a LocalDNS that its CPU quota freezes for tens of milliseconds at a time looks
 /// hung to the queues and well to the probe, and would otherwise change hands every half second.
@@ -365,6 +368,17 @@ impl Flows {
                     w.asked_early = true;
                 }
             }
+        }
+    }
+
+    /// A pod's query reached the standby at `now` while LocalDNS holds the flows: the steering
+    /// points at a socket of ours (a LocalDNS socket left its group and the kernel moved ours into
+    /// its index). Looked at once, so the steering follows within a millisecond rather than up to
+    /// `LOOK_EVERY` later (a quick LocalDNS restart sent the standby a dozen pods' queries a
+    /// listener in that time); at most one such look every [`STRAY_GAP`], however many come.
+    pub fn stray(&mut self, now: Instant) {
+        if self.holder == Holder::LocalDns && now >= self.last_look + STRAY_GAP {
+            self.next_look = self.next_look.min(now);
         }
     }
 

@@ -88,6 +88,45 @@ impl Stop {
     }
 }
 
+/// Pods' queries that reach us while the standby stands aside: its steering points at a socket
+/// of ours (a LocalDNS socket left its group and the kernel moved ours into its index). The relay
+/// says so at once; the standby then reads the groups at once rather than up to a look later.
+pub struct Strays {
+    wake: EventFd,
+    aside: AtomicBool,
+}
+
+impl Strays {
+    pub fn new() -> io::Result<Arc<Strays>> {
+        let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Arc::new(Strays {
+            wake,
+            aside: AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether the standby stands aside (LocalDNS holds the flows).
+    pub fn stand_aside(&self, aside: bool) {
+        self.aside.store(aside, Ordering::Relaxed);
+    }
+
+    fn reached_us(&self) {
+        if self.aside.load(Ordering::Relaxed) {
+            let _ = self.wake.write(1);
+        }
+    }
+
+    /// Whether a query reached us since the last call.
+    pub fn take(&self) -> bool {
+        self.wake.read().is_ok()
+    }
+
+    /// What the standby's poll waits on.
+    pub fn fd(&self) -> &EventFd {
+        &self.wake
+    }
+}
+
 /// Where a relay thread is in its life. The stop moves it out of `Serving`, once; the thread
 /// returns when the phase it moved to says it is over.
 enum Phase {
@@ -129,6 +168,8 @@ pub struct Relay {
     pub drain: Duration,
     /// Our own standby prober's questions, which must find LocalDNS or silence, never us.
     pub own_probes: Arc<OwnProbes>,
+    /// The standby's, told of pods' queries that reach us while it stands aside.
+    pub strays: Option<Arc<Strays>>,
 }
 
 /// The state of a running relay thread besides the engine.
@@ -162,6 +203,7 @@ pub fn run(relay: Relay) {
         heartbeat: (heartbeats, beat),
         drain,
         own_probes,
+        strays,
     } = relay;
     let epoll = match register(&listener, &mailbox, &stop) {
         Ok(epoll) => epoll,
@@ -222,10 +264,15 @@ pub fn run(relay: Relay) {
                     if let Some(l) = shell.listener.as_ref() {
                         let read = receive(l, &mut batch).unwrap_or(0);
                         let now = Instant::now();
+                        let mut pods = false;
                         for (packet, from) in batch.with_senders() {
                             if let Some(from) = from.filter(|&f| !own_probes.sent(f)) {
                                 engine.handle_query(now, Client::Udp(from), packet);
+                                pods = true;
                             }
+                        }
+                        if let (true, Some(strays)) = (pods, &strays) {
+                            strays.reached_us();
                         }
                         if let (true, Phase::HandedOver(d)) = (read > 0, &mut phase) {
                             d.activity(now);

@@ -41,6 +41,7 @@ pub(super) struct Shared<'a> {
     pub(super) stop_rx: &'a watch::Receiver<bool>,
     pub(super) drain_tx: &'a mpsc::Sender<()>,
     pub(super) own_probes: &'a Arc<OwnProbes>,
+    pub(super) strays: &'a Option<Arc<relay::Strays>>,
     /// Client connections per listener, within the descriptor limit.
     pub(super) tcp_cap: usize,
 }
@@ -99,6 +100,7 @@ pub(super) fn start_listener(
             heartbeat: (shared.heartbeats.clone(), index * threads + t),
             drain: DRAIN,
             own_probes: shared.own_probes.clone(),
+            strays: shared.strays.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("relay-{}-{t}", role.name()))

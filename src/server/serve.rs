@@ -20,7 +20,7 @@ use crate::discover::follow;
 use crate::link;
 use crate::listen::Held;
 use crate::probe::OwnProbes;
-use crate::relay::Stop;
+use crate::relay::{Stop, Strays};
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::stats::Counters;
 use crate::systemd::{Heartbeats, Notifier};
@@ -41,13 +41,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
     if !config.standby {
-        let running = Running::start(config, prepared, Arc::default()).await?;
+        let running = Running::start(config, prepared, Arc::default(), None).await?;
         shutdown.await;
         running.stop().await;
         return Ok(());
     }
     let (prober, own_probes) = standby::begin(&config, localdns_serves)?;
-    let running = Running::start(config, prepared, own_probes.clone()).await?;
+    let strays = Strays::new().map_err(|e| format!("cannot make the standby's eventfd: {e}"))?;
+    let running =
+        Running::start(config, prepared, own_probes.clone(), Some(strays.clone())).await?;
     // A thread of its own (see `standby::stand_by`), stopped by closing the other end of `stop`.
     let (stop, stop_here) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| format!("cannot make the standby's stop pipe: {e}"))?;
@@ -58,7 +60,16 @@ pub async fn serve(
     );
     let standing = std::thread::Builder::new()
         .name("standby".into())
-        .spawn(move || standby::stand_by(prober, held, config, counters, localdns_serves, stop))
+        .spawn(move || {
+            let shell = standby::Shell {
+                held,
+                config,
+                counters,
+                strays,
+                stop,
+            };
+            standby::stand_by(prober, shell, localdns_serves)
+        })
         .map_err(|e| format!("cannot start the standby's thread: {e}"))?;
     shutdown.await;
     drop(stop_here);
@@ -100,6 +111,7 @@ impl Running {
         config: Config,
         prepared: Prepared,
         own_probes: Arc<OwnProbes>,
+        strays: Option<Arc<Strays>>,
     ) -> Result<Running, String> {
         let config = Arc::new(config);
         let counters = Counters::new(std::time::SystemTime::now());
@@ -166,6 +178,7 @@ impl Running {
             stop_rx: &stop_rx,
             drain_tx: &drain_tx,
             own_probes: &own_probes,
+            strays: &strays,
             tcp_cap: tcp::connection_cap(config.max_tcp_connections, other_descriptors(&config)),
         };
         let mut relay_threads = Vec::new();

@@ -25,6 +25,7 @@ use crate::flows::{Flows, Holder, Out, ROUNDS_TO_ACT, Why};
 use crate::link;
 use crate::listen::{Diag, Held, Looked, Proto};
 use crate::probe::{self, OwnProbes, Prober, Seen};
+use crate::relay::Strays;
 use crate::stats::{Counters, TakeoverCause};
 
 /// Does LocalDNS answer its probe name on both listeners? Asked twice at most (a reply lost once
@@ -68,19 +69,30 @@ pub fn begin(config: &Config, localdns_serves: bool) -> Result<(Prober, Arc<OwnP
     Ok((prober, own))
 }
 
-/// Runs until `stop` is closed at its other end: carries out what [`Flows`] decides (who holds
-/// the flows, when to ask the probe, when to read the kernel's view of the groups) and feeds it
-/// what it saw. A plain loop on one thread, asleep in poll(2) between its deadlines: each wake
-/// costs CPU (about 35 µs on a VM whose CPU sleeps between them), and a runtime's timers and
-/// wake-ups cost as much again.
-pub fn stand_by(
-    mut prober: Prober,
-    held: Arc<Mutex<Vec<Held>>>,
-    config: Arc<Config>,
-    counters: Arc<Counters>,
-    initially: bool,
-    stop: OwnedFd,
-) {
+/// What the standby acts on and hears from besides its prober.
+pub struct Shell {
+    pub held: Arc<Mutex<Vec<Held>>>,
+    pub config: Arc<Config>,
+    pub counters: Arc<Counters>,
+    /// Pods' queries that reached our relays while we stood aside.
+    pub strays: Arc<Strays>,
+    /// Closed at its other end to stop the standby.
+    pub stop: OwnedFd,
+}
+
+/// Runs until `shell.stop` is closed at its other end: carries out what [`Flows`] decides (who
+/// holds the flows, when to ask the probe, when to read the kernel's view of the groups) and
+/// feeds it what it saw. A plain loop on one thread, asleep in poll(2) between its deadlines:
+/// each wake costs CPU (about 50 µs on a VM whose CPU sleeps between wakes), and a runtime's
+/// timers and wake-ups cost as much again.
+pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
+    let Shell {
+        held,
+        config,
+        counters,
+        strays,
+        stop,
+    } = shell;
     let mut flows = Flows::new(Instant::now(), initially);
     // Without sock_diag the probe alone decides (as before the kernel's view was read).
     let mut diag = Diag::open()
@@ -99,6 +111,8 @@ pub fn stand_by(
     let mut seen = Looked::new();
     let mut tcp_seen: std::io::Result<(Looked, bool)> = Ok((Looked::new(), false));
     let mut next_address_check = Instant::now();
+    // A pod's query reached us while we stood aside: the next look dumps (see `Flows::stray`).
+    let mut strayed = false;
     loop {
         let now = Instant::now();
         while let Some(out) = flows.poll(now) {
@@ -143,7 +157,7 @@ pub fn stand_by(
                     };
                     // While we hold the flows, every look dumps: it follows the members to keep
                     // our index right (see `flows::LOOK_EVERY`).
-                    let dump = flows.holder() == Holder::Standby;
+                    let dump = flows.holder() == Holder::Standby || std::mem::take(&mut strayed);
                     let lock = held.lock().unwrap_or_else(|p| p.into_inner());
                     if tcp {
                         tcp_seen = Held::look(diag, &lock, Proto::Tcp, dump);
@@ -168,6 +182,7 @@ pub fn stand_by(
         // address changes on `changes` (they queue between reads, so none is missed); without
         // them the addresses are checked every `ADDRESS_CHECK`.
         let aside = flows.holder() == Holder::LocalDns;
+        strays.stand_aside(aside);
         let mut wake = flows.deadline();
         if let Some(end) = round {
             wake = wake.min(end);
@@ -175,7 +190,10 @@ pub fn stand_by(
         if aside && changes.is_none() {
             wake = wake.min(next_address_check);
         }
-        let mut fds = vec![PollFd::new(stop.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![
+            PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+            PollFd::new(strays.fd().as_fd(), PollFlags::POLLIN),
+        ];
         if let (true, Some(fd)) = (aside, &changes) {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
         }
@@ -198,9 +216,13 @@ pub fn stand_by(
             return;
         }
         let now = Instant::now();
+        if revents(1) && strays.take() && aside {
+            strayed = true;
+            flows.stray(now);
+        }
         if aside {
             // An overrun of the announcements (an error to read) counts as a change too.
-            let announced = changes.is_some() && revents(1);
+            let announced = changes.is_some() && revents(2);
             if announced {
                 drain(changes.as_ref());
             }

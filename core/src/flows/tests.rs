@@ -706,3 +706,31 @@ fn a_socket_left_unread_is_taken_from_within_the_bound_and_a_draining_one_never(
     let taken = drive(&mut f, t0, long, late, |_| 832, |_| Owners::Asleep);
     assert_eq!(taken, None, "a pause of the whole machine taken for a hang");
 }
+
+#[test]
+fn a_pods_query_that_reaches_the_standby_aside_brings_a_look_at_once_but_one_per_gap() {
+    let t0 = Instant::now();
+    let mut f = Flows::new(t0, true);
+    let q = [Queue {
+        inode: 7,
+        queued: 0,
+    }];
+    while let Some(o) = f.poll(t0) {
+        if let Out::Look { .. } = o {
+            f.looked(t0, &q, true);
+        }
+    }
+    let t = t0 + STRAY_GAP;
+    f.stray(t);
+    assert_eq!(f.deadline(), t);
+    assert!(matches!(f.poll(t), Some(Out::Look { .. })));
+    f.looked(t, &q, true);
+    f.stray(t + MS);
+    assert!(f.deadline() >= t + STRAY_GAP, "{:?}", f.deadline() - t);
+    // Not while the standby holds the flows: the query is ours to answer.
+    let mut f = Flows::new(t0, false);
+    while f.poll(t0).is_some() {}
+    let next = f.deadline();
+    f.stray(t0 + STRAY_GAP);
+    assert_eq!(f.deadline(), next);
+}
