@@ -20,7 +20,6 @@ use nix::sys::socket::{
 };
 
 const RTM_NEWADDR: u16 = 20;
-const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_EXCL: u16 = 0x200;
@@ -126,37 +125,80 @@ impl Netlink {
     fn request(&self, kind: u16, flags: u16, payload: &[u8]) -> nix::Result<()> {
         const SEQ: u32 = 1;
         let mut msg = Vec::with_capacity(16 + payload.len());
-        msg.extend_from_slice(&((16 + payload.len()) as u32).to_ne_bytes());
-        msg.extend_from_slice(&kind.to_ne_bytes());
-        msg.extend_from_slice(&(flags | NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
-        msg.extend_from_slice(&SEQ.to_ne_bytes());
-        msg.extend_from_slice(&0u32.to_ne_bytes());
+        push_header(
+            &mut msg,
+            payload.len(),
+            kind,
+            flags | NLM_F_REQUEST | NLM_F_ACK,
+            SEQ,
+        );
         msg.extend_from_slice(payload);
         socket::send(self.fd.as_raw_fd(), &msg, MsgFlags::empty())?;
         let mut buf = vec![0u8; 8192];
         loop {
             let n = socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
-            let mut at = 0;
-            while at + 16 <= n {
-                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-                let ty = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
-                let seq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4 bytes"));
-                if len < 16 || at + len > n {
-                    return Err(Errno::EBADMSG);
-                }
-                if ty == NLMSG_ERROR && seq == SEQ && len >= 20 {
-                    let code =
-                        i32::from_ne_bytes(buf[at + 16..at + 20].try_into().expect("4 bytes"));
+            for m in messages(&buf[..n]) {
+                let m = m?;
+                if let (SEQ, Some(code)) = (m.seq, m.error()) {
                     return if code == 0 {
                         Ok(())
                     } else {
                         Err(Errno::from_raw(-code))
                     };
                 }
-                at += (len + 3) & !3;
             }
         }
     }
+}
+
+/// Appends a netlink message header (nlmsghdr) for a payload of `payload` bytes.
+pub fn push_header(m: &mut Vec<u8>, payload: usize, ty: u16, flags: u16, seq: u32) {
+    m.extend_from_slice(&((16 + payload) as u32).to_ne_bytes());
+    m.extend_from_slice(&ty.to_ne_bytes());
+    m.extend_from_slice(&flags.to_ne_bytes());
+    m.extend_from_slice(&seq.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+}
+
+pub const NLMSG_ERROR: u16 = 2;
+pub const NLMSG_DONE: u16 = 3;
+
+/// One netlink message of what a `recv` read.
+pub struct Message<'a> {
+    pub ty: u16,
+    pub seq: u32,
+    pub payload: &'a [u8],
+}
+
+impl Message<'_> {
+    /// An NLMSG_ERROR's code: 0 for an acknowledgement, else a negative errno.
+    pub fn error(&self) -> Option<i32> {
+        let code = self.payload.get(..4).filter(|_| self.ty == NLMSG_ERROR)?;
+        Some(i32::from_ne_bytes(code.try_into().expect("4 bytes")))
+    }
+}
+
+/// The messages in `buf`, one `recv`'s worth; an error (and nothing after it) where a length
+/// does not fit.
+pub fn messages(buf: &[u8]) -> impl Iterator<Item = Result<Message<'_>, Errno>> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at + 16 > buf.len() {
+            return None;
+        }
+        let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+        if len < 16 || at + len > buf.len() {
+            at = buf.len();
+            return Some(Err(Errno::EBADMSG));
+        }
+        let m = Message {
+            ty: u16::from_ne_bytes([buf[at + 4], buf[at + 5]]),
+            seq: u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4 bytes")),
+            payload: &buf[at + 16..at + len],
+        };
+        at += (len + 3) & !3;
+        Some(Ok(m))
+    })
 }
 
 /// An ifaddrmsg for `addr` as a host address on interface `index`.

@@ -26,6 +26,7 @@ use crate::flows::Owners;
 /// A member of a port's SO_REUSEPORT group: its inode and what waits unread in it (a UDP
 /// socket's receive queue in bytes, a TCP listener's accept queue in connections).
 pub use crate::flows::Queue as Member;
+use crate::link::{self, NLMSG_DONE};
 
 /// A member of a group on one port: local address, member, and the id of the cgroup (v2) of
 /// the process that made the socket.
@@ -66,8 +67,6 @@ const KEYS_AT_ONCE: u16 = 32;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const INET_DIAG_REQ_BYTECODE: u16 = 1;
 const INET_DIAG_BC_S_COND: u8 = 7;
 /// An unconnected UDP socket is in TCP_CLOSE; a connected one (a client) is no member.
@@ -252,24 +251,10 @@ impl Diag {
                 Err(nix::errno::Errno::EAGAIN) => break,
                 Err(e) => return Err(e.into()),
             };
-            let mut at = 0;
-            while at + 16 <= got {
-                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4")) as usize;
-                let ty = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
-                let seq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4"));
-                if len < 16 || at + len > got {
-                    return Err(io::Error::other("a truncated sock_diag message"));
-                }
-                // The one socket asked for: its own port and family.
-                let msg = &buf[at + 16..at + len];
-                let found = (ty == SOCK_DIAG_BY_FAMILY && msg.len() >= 6)
-                    .then(|| {
-                        let v6 = msg[0] == nix::libc::AF_INET6 as u8;
-                        member(msg, u16::from_be_bytes([msg[4], msg[5]]), v6)
-                    })
-                    .flatten();
-                replies.push((seq, found));
-                at += (len + 3) & !3;
+            for m in link::messages(&buf[..got]) {
+                let m = m?;
+                let found = (m.ty == SOCK_DIAG_BY_FAMILY).then(|| member(m.payload));
+                replies.push((m.seq, found.flatten()));
             }
         }
         Ok(replies)
@@ -298,24 +283,15 @@ impl Diag {
         let mut buf = vec![0u8; 16 << 10];
         loop {
             let n = socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
-            let mut at = 0;
-            while at + 16 <= n {
-                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4")) as usize;
-                let ty = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
-                if len < 16 || at + len > n {
-                    return Err(io::Error::other("a truncated sock_diag message"));
+            for m in link::messages(&buf[..n]) {
+                let m = m?;
+                if let Some(code) = m.error() {
+                    return Err(io::Error::from_raw_os_error(-code));
                 }
-                match ty {
-                    NLMSG_DONE => return Ok(members),
-                    NLMSG_ERROR => {
-                        let code = buf
-                            .get(at + 16..at + 20)
-                            .map_or(0, |c| i32::from_ne_bytes(c.try_into().expect("4")));
-                        return Err(io::Error::from_raw_os_error(-code));
-                    }
-                    _ => members.extend(member(&buf[at + 16..at + len], port, v6)),
+                if m.ty == NLMSG_DONE {
+                    return Ok(members);
                 }
-                at += (len + 3) & !3;
+                members.extend(member(m.payload));
             }
         }
     }
@@ -327,27 +303,49 @@ pub fn group_members(addr: SocketAddr, proto: Proto) -> io::Result<Vec<u64>> {
     Ok(members.into_iter().map(|m| m.inode).collect())
 }
 
-/// nlmsghdr, inet_diag_req_v2 (the family, protocol and states; the socket id is not a filter in
-/// a dump) and a bytecode filter: source port equal to `addr`'s.
-fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
-    let (protocol, state) = match proto {
-        Proto::Udp => (nix::libc::IPPROTO_UDP as u8, TCP_CLOSE),
-        Proto::Tcp => (nix::libc::IPPROTO_TCP as u8, TCP_LISTEN),
-    };
+/// nlmsghdr and inet_diag_req_v2 for `proto` sockets of the family `v6` says, in `states`, with
+/// socket id `id` (sport, dport, src, dst, interface, cookie); `more` bytes follow.
+fn push_request(
+    m: &mut Vec<u8>,
+    (flags, seq): (u16, u32),
+    v6: bool,
+    proto: Proto,
+    states: u32,
+    id: &[u8; 48],
+    more: usize,
+) {
     let family = if v6 {
         nix::libc::AF_INET6
     } else {
         nix::libc::AF_INET
     } as u8;
-    const LEN: usize = 16 + 56 + 4 + 12;
-    let mut m = Vec::with_capacity(LEN);
-    m.extend_from_slice(&(LEN as u32).to_ne_bytes());
-    m.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    m.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    m.extend_from_slice(&[0; 8]);
+    let protocol = match proto {
+        Proto::Udp => nix::libc::IPPROTO_UDP,
+        Proto::Tcp => nix::libc::IPPROTO_TCP,
+    } as u8;
+    link::push_header(m, 56 + more, SOCK_DIAG_BY_FAMILY, flags, seq);
     m.extend_from_slice(&[family, protocol, 0, 0]);
-    m.extend_from_slice(&(1u32 << state).to_ne_bytes());
-    m.extend_from_slice(&[0; 48]);
+    m.extend_from_slice(&states.to_ne_bytes());
+    m.extend_from_slice(id);
+}
+
+/// A dump of `proto`'s members on `port` (the socket id is not a filter in a dump) with a
+/// bytecode filter: source port equal to `port`.
+fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
+    let state = match proto {
+        Proto::Udp => TCP_CLOSE,
+        Proto::Tcp => TCP_LISTEN,
+    };
+    let mut m = Vec::with_capacity(16 + 56 + 16);
+    push_request(
+        &mut m,
+        (NLM_F_REQUEST | NLM_F_DUMP, 0),
+        v6,
+        proto,
+        1 << state,
+        &[0; 48],
+        16,
+    );
     // One S_COND op (code, yes, no) then its inet_diag_hostcond (any family, prefix 0, port):
     // a match jumps to the end (accept), a miss one word past it (reject).
     m.extend_from_slice(&16u16.to_ne_bytes());
@@ -360,55 +358,48 @@ fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
 }
 
 /// A request for the one member of `group` that its SO_REUSEPORT hash picks for a peer on
-/// `key` (address 0): nlmsghdr and inet_diag_req_v2, without a cookie to match. The kernel
-/// reads a UDP request's source as the peer and a TCP request's destination.
+/// `key` (address 0), without a cookie to match. The kernel reads a UDP request's source as
+/// the peer and a TCP request's destination.
 fn one_request(m: &mut Vec<u8>, (addr, proto): (SocketAddr, Proto), key: u16, seq: u32) {
-    let (protocol, tcp) = match proto {
-        Proto::Udp => (nix::libc::IPPROTO_UDP as u8, false),
-        Proto::Tcp => (nix::libc::IPPROTO_TCP as u8, true),
-    };
     // A v4 address is the first 4 bytes of the 16.
     let mut local = [0u8; 16];
-    let family = match addr.ip() {
-        IpAddr::V4(ip) => {
-            local[..4].copy_from_slice(&ip.octets());
-            nix::libc::AF_INET as u8
-        }
-        IpAddr::V6(ip) => {
-            local = ip.octets();
-            nix::libc::AF_INET6 as u8
-        }
-    };
+    match addr.ip() {
+        IpAddr::V4(ip) => local[..4].copy_from_slice(&ip.octets()),
+        IpAddr::V6(ip) => local = ip.octets(),
+    }
     let (peer, port) = ([0u8; 16], addr.port());
-    m.extend_from_slice(&72u32.to_ne_bytes());
-    m.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    m.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
-    m.extend_from_slice(&seq.to_ne_bytes());
-    m.extend_from_slice(&[0; 4]);
-    m.extend_from_slice(&[family, protocol, 0, 0]);
-    m.extend_from_slice(&u32::MAX.to_ne_bytes());
-    let (sport, dport, src, dst) = match tcp {
-        true => (port, key, local, peer),
-        false => (key, port, peer, local),
+    let (sport, dport, src, dst) = match proto {
+        Proto::Tcp => (port, key, local, peer),
+        Proto::Udp => (key, port, peer, local),
     };
-    m.extend_from_slice(&sport.to_be_bytes());
-    m.extend_from_slice(&dport.to_be_bytes());
-    m.extend_from_slice(&src);
-    m.extend_from_slice(&dst);
-    m.extend_from_slice(&[0; 4]);
-    m.extend_from_slice(&[0xff; 8]);
+    let mut id = [0u8; 48];
+    id[..2].copy_from_slice(&sport.to_be_bytes());
+    id[2..4].copy_from_slice(&dport.to_be_bytes());
+    id[4..20].copy_from_slice(&src);
+    id[20..36].copy_from_slice(&dst);
+    id[40..].copy_from_slice(&[0xff; 8]);
+    push_request(
+        m,
+        (NLM_F_REQUEST, seq),
+        addr.is_ipv6(),
+        proto,
+        u32::MAX,
+        &id,
+        0,
+    );
 }
 
 const INET_DIAG_CGROUP_ID: u16 = 21;
 
 /// An inet_diag_msg and its attributes: its local address, the member it names if it is
-/// unconnected, and its cgroup.
-fn member(msg: &[u8], port: u16, v6: bool) -> Option<Entry> {
-    if msg.len() < 72 || u16::from_be_bytes([msg[4], msg[5]]) != port || msg[6..8] != [0, 0] {
+/// unconnected, and its cgroup. (A dump's filter and a request by key give only the port
+/// asked.)
+fn member(msg: &[u8]) -> Option<Entry> {
+    if msg.len() < 72 || msg[6..8] != [0, 0] {
         return None;
     }
     let u32_at = |at: usize| u32::from_ne_bytes(msg[at..at + 4].try_into().expect("4"));
-    let ip = if v6 {
+    let ip = if msg[0] == nix::libc::AF_INET6 as u8 {
         IpAddr::from(<[u8; 16]>::try_from(&msg[8..24]).expect("16"))
     } else {
         IpAddr::from(<[u8; 4]>::try_from(&msg[8..12]).expect("4"))
