@@ -36,19 +36,10 @@ struct StandIn {
     cgroups: Vec<std::path::PathBuf>,
 }
 
-/// The cgroup v2 hierarchy (on a hybrid host, its `unified` mount).
-fn cgroup2() -> std::path::PathBuf {
-    let root = std::path::Path::new("/sys/fs/cgroup");
-    if root.join("cgroup.controllers").exists() {
-        root.to_path_buf()
-    } else {
-        root.join("unified")
-    }
-}
-
 impl StandIn {
     fn start(ns: &Netns, per_address: usize) -> StandIn {
-        let cgroup = cgroup2().join(format!("lf-unread-{}", unique_name()));
+        let cgroup =
+            localdns_fallback::listen::cgroup_root().join(format!("lf-unread-{}", unique_name()));
         std::fs::create_dir(&cgroup).unwrap();
         let mut child = ns
             .exec(

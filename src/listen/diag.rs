@@ -462,7 +462,8 @@ pub fn owners(cgroups: &[u64], paths: &mut Vec<(u64, std::path::PathBuf)>) -> Ow
     }
 }
 
-fn cgroup_root() -> std::path::PathBuf {
+/// The cgroup v2 hierarchy (on a hybrid host, its `unified` mount).
+pub fn cgroup_root() -> std::path::PathBuf {
     let v2 = std::path::Path::new("/sys/fs/cgroup");
     if v2.join("cgroup.controllers").exists() {
         v2.to_path_buf()
@@ -497,19 +498,25 @@ mod tests {
         assert_eq!(i32::from_ne_bytes(r[84..88].try_into().unwrap()), 53);
     }
 
+    use socket2::{Domain, Socket, Type};
+    use std::os::fd::AsFd;
+
+    /// A socket of `ty` with SO_REUSEPORT, bound to `addr`.
+    fn shared(ty: Type, addr: SocketAddr) -> Socket {
+        let s = Socket::new(Domain::IPV4, ty, None).unwrap();
+        s.set_reuse_port(true).unwrap();
+        s.bind(&addr.into()).unwrap();
+        s
+    }
+
+    fn inode(s: &Socket) -> u64 {
+        nix::sys::stat::fstat(s.as_fd()).unwrap().st_ino
+    }
+
     /// Reads by key see what a dump sees: the members, what waits in them (UDP and TCP), and a
     /// member that leaves, at once.
     #[test]
     fn reads_by_key_see_what_a_dump_sees() {
-        use socket2::{Domain, Socket, Type};
-        use std::os::fd::AsFd;
-        let shared = |ty, addr: SocketAddr| {
-            let s = Socket::new(Domain::IPV4, ty, None).unwrap();
-            s.set_reuse_port(true).unwrap();
-            s.bind(&addr.into()).unwrap();
-            s
-        };
-        let inode = |s: &Socket| nix::sys::stat::fstat(s.as_fd()).unwrap().st_ino;
         let ours = shared(Type::DGRAM, "127.0.0.1:0".parse().unwrap());
         let addr = ours.local_addr().unwrap().as_socket().unwrap();
         let mut theirs: Vec<Socket> = (0..4).map(|_| shared(Type::DGRAM, addr)).collect();
@@ -582,14 +589,6 @@ mod tests {
     /// a UDP socket nobody reads and in a TCP listener nobody accepts on, and nobody else.
     #[test]
     fn members_and_their_queues_as_the_kernel_sees_them() {
-        use socket2::{Domain, Socket, Type};
-        use std::os::fd::AsFd;
-        let shared = |ty, addr: SocketAddr| {
-            let s = Socket::new(Domain::IPV4, ty, None).unwrap();
-            s.set_reuse_port(true).unwrap();
-            s.bind(&addr.into()).unwrap();
-            s
-        };
         let a = shared(Type::DGRAM, "127.0.0.1:0".parse().unwrap());
         let addr = a.local_addr().unwrap().as_socket().unwrap();
         let b = shared(Type::DGRAM, addr);
@@ -599,7 +598,6 @@ mod tests {
             v.sort();
             v
         };
-        let inode = |s: &Socket| nix::sys::stat::fstat(s.as_fd()).unwrap().st_ino;
         let mut want = vec![inode(&a), inode(&b)];
         want.sort();
         assert_eq!(inodes(diag.members(addr, Proto::Udp).unwrap()), want);

@@ -19,5 +19,5 @@ mod diag;
 mod steer;
 
 pub use bind::{Bound, RECV_BUFFER, SEND_BUFFER, bind_listener, buffers};
-pub use diag::{Diag, Looked, Member, Proto, group_members, owners};
+pub use diag::{Diag, Looked, Member, Proto, cgroup_root, group_members, owners};
 pub use steer::{FlowsTo, Held, Steering};
