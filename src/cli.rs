@@ -604,27 +604,16 @@ mod tests {
         ])
         .unwrap();
         let (node, cluster) = (ListenerRole::Node, ListenerRole::Cluster);
-        let r = &c.engine.routes;
-        assert_eq!(
-            r.group(node, &name("db.contoso.internal")),
-            UpstreamGroup::KubeDns
-        );
-        assert_eq!(
-            r.group(node, &name("a.k8s.example")),
-            UpstreamGroup::KubeDns
-        );
-        assert_eq!(
-            r.group(node, &name("a.cluster.local")),
-            UpstreamGroup::VnetDns
-        );
-        assert_eq!(
-            r.group(cluster, &name("example.com")),
-            UpstreamGroup::VnetDns
-        );
-        assert_eq!(
-            r.group(cluster, &name("svc.k8s.example")),
-            UpstreamGroup::KubeDns
-        );
+        for (listener, domain, group) in [
+            (node, "db.contoso.internal", UpstreamGroup::KubeDns),
+            (node, "a.k8s.example", UpstreamGroup::KubeDns),
+            (node, "a.cluster.local", UpstreamGroup::VnetDns),
+            (cluster, "example.com", UpstreamGroup::VnetDns),
+            (cluster, "svc.k8s.example", UpstreamGroup::KubeDns),
+        ] {
+            let got = c.engine.routes.group(listener, &name(domain));
+            assert_eq!(got, group, "{listener:?} {domain}");
+        }
         assert_eq!(
             show_overrides(&c, cluster),
             "corp.example=VnetDNS,.=VnetDNS"
