@@ -93,7 +93,9 @@ impl Stop {
 /// says so at once; the standby then reads the groups at once rather than up to a look later.
 pub struct Strays {
     wake: EventFd,
-    aside: AtomicBool,
+    /// Set by the standby while it stands aside, taken by the first batch of pods' queries that
+    /// reaches a relay after: one write of the eventfd per standing aside, not one per batch.
+    armed: AtomicBool,
 }
 
 impl Strays {
@@ -101,17 +103,18 @@ impl Strays {
         let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         Ok(Arc::new(Strays {
             wake,
-            aside: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
         }))
     }
 
     /// Whether the standby stands aside (LocalDNS holds the flows).
     pub fn stand_aside(&self, aside: bool) {
-        self.aside.store(aside, Ordering::Relaxed);
+        self.armed.store(aside, Ordering::Relaxed);
     }
 
     fn reached_us(&self) {
-        if self.aside.load(Ordering::Relaxed) {
+        // A plain load first: batches while we serve (not armed) write no shared cache line.
+        if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::Relaxed) {
             let _ = self.wake.write(1);
         }
     }
