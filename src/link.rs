@@ -73,6 +73,65 @@ pub fn release_from_loopback(addrs: &[IpAddr]) -> Result<(), String> {
     Ok(())
 }
 
+/// The interfaces (by index) that carry each of `addrs`, from one dump of the host's addresses:
+/// an address on none is missing from the answer.
+pub fn interfaces_of(addrs: &[IpAddr]) -> Result<Vec<(IpAddr, u32)>, String> {
+    const RTM_GETADDR: u16 = 22;
+    const NLM_F_DUMP: u16 = 0x300;
+    const SEQ: u32 = 2;
+    let nl = Netlink::open().map_err(|e| format!("cannot open a netlink socket: {e}"))?;
+    let mut msg = Vec::with_capacity(24);
+    // An ifaddrmsg of family AF_UNSPEC: every family.
+    push_header(&mut msg, 8, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, SEQ);
+    msg.extend_from_slice(&[0; 8]);
+    let fd = nl.fd.as_raw_fd();
+    socket::send(fd, &msg, MsgFlags::empty())
+        .map_err(|e| format!("cannot ask for the addresses: {e}"))?;
+    let mut found = Vec::new();
+    let mut buf = vec![0u8; 32768];
+    loop {
+        let n = socket::recv(fd, &mut buf, MsgFlags::empty())
+            .map_err(|e| format!("cannot read the addresses: {e}"))?;
+        for m in messages(&buf[..n]) {
+            let m = m.map_err(|e| format!("cannot read the addresses: {e}"))?;
+            match m.ty {
+                _ if m.seq != SEQ => {}
+                NLMSG_DONE => return Ok(found),
+                NLMSG_ERROR => return Err(format!("the address dump failed: {:?}", m.error())),
+                RTM_NEWADDR if m.payload.len() >= 8 => {
+                    let index = u32::from_ne_bytes(m.payload[4..8].try_into().expect("4 bytes"));
+                    // IFA_LOCAL is the address itself where it differs from IFA_ADDRESS (the
+                    // peer's, on point-to-point links); IPv6 has IFA_ADDRESS alone.
+                    let mut local = None;
+                    for (ty, data) in attributes(&m.payload[8..]) {
+                        let a = match data.len() {
+                            4 => IpAddr::from(<[u8; 4]>::try_from(data).expect("4 bytes")),
+                            16 => IpAddr::from(<[u8; 16]>::try_from(data).expect("16 bytes")),
+                            _ => continue,
+                        };
+                        if ty == IFA_LOCAL || (ty == IFA_ADDRESS && local.is_none()) {
+                            local = Some(a);
+                        }
+                    }
+                    found.extend(local.filter(|a| addrs.contains(a)).map(|a| (a, index)));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The (type, data) of each netlink attribute in `buf`.
+fn attributes(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        let len = usize::from(u16::from_ne_bytes(buf.get(..2)?.try_into().ok()?));
+        let ty = u16::from_ne_bytes(buf.get(2..4)?.try_into().ok()?);
+        let data = buf.get(4..len.max(4))?;
+        buf = buf.get((len + 3) & !3..).unwrap_or(&[]);
+        Some((ty, data))
+    })
+}
+
 /// A NETLINK_ROUTE socket that sends one request at a time and waits for its acknowledgement.
 struct Netlink {
     fd: OwnedFd,

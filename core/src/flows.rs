@@ -11,8 +11,14 @@
 //! reaches its sockets queued there, and a socket whose queue stays non-empty and never shrinks
 //! for [`UNREAD_FOR`] is not being read; unless the process holding it is runnable (it waits for
 //! a CPU: starved, or throttled by its slice's quota), which the shell is asked before a take. The probe (two silent rounds) catches the rest: a quiet
-//! node where nothing queues, and a LocalDNS that reads but does not answer. Two answered rounds
-//! give the flows back, once LocalDNS has a socket in every group.
+//! node where nothing queues, and a LocalDNS that reads but does not answer.
+//!
+//! The flows go back only to a LocalDNS that can keep them: its addresses on a link of its own
+//! (not only on lo, where the standby put them), a socket of its in every group, and its probe
+//! answered for [`Flows::proof`] rounds: two for a LocalDNS that restarted, was stopped or lost
+//! its addresses; [`SAME_PROOF`] for the same process the probe found silent (mute or starved: it
+//! answers its probe well once the pods' load is off it); twice as long for each take that comes
+//! within [`RECUR`] of the last hand-back, up to [`MAX_PROOF`].
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -67,6 +73,17 @@ pub const STRAY_GAP: Duration = Duration::from_millis(10);
 /// still does): a LocalDNS that its CPU quota freezes for tens of milliseconds at a time looks
 /// hung to the queues and well to the probe, and would otherwise change hands every half second.
 pub const UNREAD_REST: Duration = Duration::from_secs(10);
+/// How long the same LocalDNS process that the probe found silent must answer every round before
+/// it gets the flows back. A LocalDNS starved of CPU (its slice's quota) fails under the pods'
+/// load and answers its probe well as soon as the standby holds the flows, so two rounds would
+/// hand them back into the same starvation (once a second in a 6 s squeeze). Starvations last
+/// seconds; this outlasts the ones seen.
+pub const SAME_PROOF: Duration = Duration::from_secs(10);
+/// A take this soon after a hand-back is the same fault coming back: the next proof is doubled.
+pub const RECUR: Duration = Duration::from_secs(60);
+/// The longest proof, however often the fault came back: a recovered LocalDNS gets its flows
+/// back within this.
+pub const MAX_PROOF: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Holder {
@@ -83,6 +100,18 @@ pub enum Why {
     /// A LocalDNS socket left its queue unread for [`UNREAD_FOR`].
     Unread,
     AddressesGone,
+}
+
+/// Where the listener addresses are, as the shell last found them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addresses {
+    /// On LocalDNS's link, or on lo where the standby did not put them.
+    Theirs,
+    /// Only on lo, where the standby put them: LocalDNS answers through them while its own link
+    /// has none, and would lose them again at a hand-back.
+    Ours,
+    /// On no interface.
+    Gone,
 }
 
 /// What the shell does now.
@@ -156,6 +185,13 @@ pub struct Flows {
     look_due: Instant,
     looks: u32,
     unread_rests_until: Option<Instant>,
+    addresses: Addresses,
+    /// LocalDNS's sockets when the flows were taken: one still there at the hand-back is the same
+    /// process.
+    taken_from: Vec<u64>,
+    handed_back_at: Option<Instant>,
+    /// Takes in a row that each came within [`RECUR`] of a hand-back.
+    recurrences: u32,
     out: VecDeque<Out>,
 }
 
@@ -178,10 +214,14 @@ impl Flows {
             look_due: now,
             looks: 0,
             unread_rests_until: None,
+            addresses: Addresses::Theirs,
+            taken_from: Vec::new(),
+            handed_back_at: None,
+            recurrences: 0,
             out: VecDeque::new(),
         };
         if !localdns_serves {
-            f.take(Why::NotServing);
+            f.take(now, Why::NotServing);
         }
         f
     }
@@ -234,29 +274,66 @@ impl Flows {
         if answered {
             self.silent = 0;
             self.answered += 1;
-            if self.holder == Holder::Standby && self.answered >= ROUNDS_TO_ACT && self.complete {
-                if self.taken_for == Some(Why::Unread) {
-                    self.unread_rests_until = Some(now + UNREAD_REST);
-                }
-                self.holder = Holder::LocalDns;
-                self.taken_for = None;
-                self.watched.clear();
-                self.next_look = now;
-                self.out.push_back(Out::HandBack);
-            }
+            self.hand_back_if_proven(now);
             return;
         }
-        self.answered = 0;
         self.silent += 1;
+        // One lost reply neither counts nor undoes a proof; two silent rounds in a row (what
+        // takes the flows) do.
+        if self.silent >= ROUNDS_TO_ACT {
+            self.answered = 0;
+        }
         match self.holder {
-            Holder::LocalDns if self.silent >= ROUNDS_TO_ACT => self.take(Why::SilentProbe),
+            Holder::LocalDns if self.silent >= ROUNDS_TO_ACT => self.take(now, Why::SilentProbe),
             // Asked again at once: a round refused (nothing bound: ICMP port unreachable) ends
             // in well under a millisecond, and the take is then due as soon.
             Holder::LocalDns => self.next_ask = now,
-            // Now and then while we serve: the addresses back on lo if something took them off
-            // (a stop of localdns-fallback.service beside us runs its release).
-            Holder::Standby if self.silent % 4 == 0 => self.out.push_back(Out::Repoint),
             Holder::Standby => {}
+        }
+    }
+
+    /// Answered rounds LocalDNS owes before the flows go back (see the module's doc).
+    pub fn proof(&self) -> u32 {
+        let same = self
+            .watched
+            .iter()
+            .any(|w| self.taken_from.contains(&w.inode));
+        let base = match self.taken_for {
+            Some(Why::SilentProbe) if same => rounds(SAME_PROOF),
+            _ => ROUNDS_TO_ACT,
+        };
+        base.saturating_mul(1 << self.recurrences.min(8))
+            .min(rounds(MAX_PROOF))
+    }
+
+    fn hand_back_if_proven(&mut self, now: Instant) {
+        if self.holder != Holder::Standby
+            || self.answered < self.proof()
+            || !self.complete
+            || self.addresses != Addresses::Theirs
+        {
+            return;
+        }
+        if self.taken_for == Some(Why::Unread) {
+            self.unread_rests_until = Some(now + UNREAD_REST);
+        }
+        self.holder = Holder::LocalDns;
+        self.taken_for = None;
+        self.handed_back_at = Some(now);
+        self.watched.clear();
+        self.next_look = now;
+        self.out.push_back(Out::HandBack);
+    }
+
+    /// Where the listener addresses are at `now`. Gone while LocalDNS holds the flows: taken at
+    /// once (nothing answers there until LocalDNS's script recreates its link). Gone while we
+    /// hold them: put back on lo. The flows go back only while they are LocalDNS's.
+    pub fn addresses(&mut self, now: Instant, addresses: Addresses) {
+        self.addresses = addresses;
+        match (self.holder, addresses) {
+            (Holder::LocalDns, Addresses::Gone) => self.take(now, Why::AddressesGone),
+            (Holder::Standby, Addresses::Gone) => self.out.push_back(Out::Repoint),
+            _ => {}
         }
     }
 
@@ -346,8 +423,8 @@ impl Flows {
         }
         let old = self.stalled(UNREAD_FOR).count() > 0;
         match owners {
-            Owners::Stopped => self.take(Why::Unread),
-            Owners::Asleep if old => self.take(Why::Unread),
+            Owners::Stopped => self.take(now, Why::Unread),
+            Owners::Asleep if old => self.take(now, Why::Unread),
             Owners::Runnable if old => {
                 let suspects = self.suspects();
                 for w in self
@@ -373,29 +450,30 @@ impl Flows {
 
     /// A pod's query reached the standby at `now` while LocalDNS holds the flows: the steering
     /// points at a socket of ours (a LocalDNS socket left its group and the kernel moved ours into
-    /// its index). Looked at once, so the steering follows within a millisecond rather than up to
-    /// `LOOK_EVERY` later (a quick LocalDNS restart sent the standby a dozen pods' queries a
+    /// its index). Looked at within [`STRAY_GAP`], so the steering follows at once rather than up
+    /// to `LOOK_EVERY` later (a quick LocalDNS restart sent the standby a dozen pods' queries a
     /// listener in that time); at most one such look every [`STRAY_GAP`], however many come.
     pub fn stray(&mut self, now: Instant) {
-        if self.holder == Holder::LocalDns && now >= self.last_look + STRAY_GAP {
-            self.next_look = self.next_look.min(now);
-        }
-    }
-
-    /// A listener address is on no interface (LocalDNS's link was deleted).
-    pub fn addresses_gone(&mut self) {
         if self.holder == Holder::LocalDns {
-            self.take(Why::AddressesGone);
+            self.next_look = self.next_look.min(now.max(self.last_look + STRAY_GAP));
         }
     }
 
-    fn take(&mut self, why: Why) {
+    fn take(&mut self, now: Instant, why: Why) {
+        let recurs = self.handed_back_at.is_some_and(|at| now < at + RECUR);
+        self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
         self.holder = Holder::Standby;
         self.taken_for = Some(why);
+        self.taken_from = self.watched.iter().map(|w| w.inode).collect();
         self.silent = 0;
         self.answered = 0;
         self.out.push_back(Out::Take(why));
     }
+}
+
+/// Probe rounds in `d`.
+fn rounds(d: Duration) -> u32 {
+    d.as_millis().div_ceil(PROBE_EVERY.as_millis()) as u32
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! and hands them back after two answered ones. Its own questions reach LocalDNS's sockets even while we hold the flows (the steering
 //! program lets them through, and the relay drops any that reach us).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -21,7 +21,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::MsgFlags;
 
 use crate::cli::Config;
-use crate::flows::{Flows, Holder, Out, ROUNDS_TO_ACT, Why};
+use crate::flows::{Addresses, Flows, Holder, Out, ROUNDS_TO_ACT, Why};
 use crate::link;
 use crate::listen::{Diag, Held, Looked, Proto};
 use crate::probe::{self, OwnProbes, Prober, Seen};
@@ -103,6 +103,10 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
             |e| tracing::debug!(error = %e, "no address announcements; looking every 20 ms"),
         )
         .ok();
+    // The listener addresses the standby put on lo (they are LocalDNS's only where they are
+    // also on another link).
+    let mut ours = Vec::new();
+    flows.addresses(Instant::now(), where_addresses(&config, &ours));
     // The end of the probe round under way, if one is.
     let mut round: Option<Instant> = None;
     // LocalDNS's cgroups' directories, by id (see `listen::owners`).
@@ -118,19 +122,22 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
         while let Some(out) = flows.poll(now) {
             match out {
                 Out::Take(why) => {
-                    hold_flows(&held, &config);
+                    ours.extend(hold_flows(&held, &config));
                     tracing::info!("{}; serving its listeners", said(why));
                     counters.takeovers.took_over(cause(why), SystemTime::now());
                 }
                 Out::HandBack => {
+                    ours.clear();
                     if give_back(&held, &config) {
                         counters.takeovers.handed_back(SystemTime::now());
                     }
                 }
                 Out::Repoint if flows.holder() == Holder::Standby => {
-                    if !hold_flows(&held, &config).is_empty() {
+                    let added = hold_flows(&held, &config);
+                    if !added.is_empty() {
                         tracing::info!("listener addresses were gone from lo; put back");
                     }
+                    ours.extend(added);
                 }
                 Out::Repoint => {
                     Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
@@ -178,23 +185,24 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
             }
         }
         // Its script deletes LocalDNS's link when LocalDNS stops or fails, and nothing can
-        // answer there until it is back: there is nothing to ask first. The kernel announces
-        // address changes on `changes` (they queue between reads, so none is missed); without
-        // them the addresses are checked every `ADDRESS_CHECK`.
+        // answer there until it is back: there is nothing to ask first; and the flows go back
+        // only once its link carries them again. The kernel announces address changes on
+        // `changes` (they queue between reads, so none is missed); without them the addresses
+        // are checked every `ADDRESS_CHECK`.
         let aside = flows.holder() == Holder::LocalDns;
         strays.stand_aside(aside);
         let mut wake = flows.deadline();
         if let Some(end) = round {
             wake = wake.min(end);
         }
-        if aside && changes.is_none() {
+        if changes.is_none() {
             wake = wake.min(next_address_check);
         }
         let mut fds = vec![
             PollFd::new(stop.as_fd(), PollFlags::POLLIN),
             PollFd::new(strays.fd().as_fd(), PollFlags::POLLIN),
         ];
-        if let (true, Some(fd)) = (aside, &changes) {
+        if let Some(fd) = &changes {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
         }
         if round.is_some() {
@@ -220,19 +228,17 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
             strayed = true;
             flows.stray(now);
         }
-        if aside {
-            // An overrun of the announcements (an error to read) counts as a change too.
-            let announced = changes.is_some() && revents(2);
-            if announced {
-                drain(changes.as_ref());
-            }
-            let checked = changes.is_none() && now >= next_address_check;
-            if checked {
-                next_address_check = now + ADDRESS_CHECK;
-            }
-            if (announced || checked) && !addresses_local(&config) {
-                flows.addresses_gone();
-            }
+        // An overrun of the announcements (an error to read) counts as a change too.
+        let announced = changes.is_some() && revents(2);
+        if announced {
+            drain(changes.as_ref());
+        }
+        let checked = changes.is_none() && now >= next_address_check;
+        if checked {
+            next_address_check = now + ADDRESS_CHECK;
+        }
+        if announced || checked {
+            flows.addresses(now, where_addresses(&config, &ours));
         }
         if let Some(end) = round {
             let seen = prober.read().or((now >= end).then_some(Seen::Silent));
@@ -273,7 +279,7 @@ fn cause(why: Why) -> TakeoverCause {
 
 /// Puts the listener addresses on lo and steers new flows to us, with our place in the groups
 /// read afresh. Returns the addresses that were missing from lo.
-fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config) -> Vec<std::net::IpAddr> {
+fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config) -> Vec<IpAddr> {
     let mut added = Vec::new();
     if config.link_setup {
         match link::claim_on_loopback(&super::prepare::link_addresses(config)) {
@@ -300,16 +306,39 @@ fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
     handed
 }
 
-/// How often the standby looks for LocalDNS's addresses while LocalDNS holds the flows, where
-/// the kernel's address announcements cannot be had.
+/// How often the standby looks for LocalDNS's addresses, where the kernel's address
+/// announcements cannot be had.
 const ADDRESS_CHECK: Duration = Duration::from_millis(20);
 
-/// Are the listener addresses on an interface of this host? Binding a socket to an address that
-/// is not (without IP_FREEBIND) fails; nothing is sent.
-fn addresses_local(config: &Config) -> bool {
-    probed(config)
-        .iter()
-        .all(|l| std::net::UdpSocket::bind(SocketAddr::new(l.ip(), 0)).is_ok())
+/// Where the listener addresses are: each on an interface, and on one that is not lo or not only
+/// on lo because the standby put it there (`ours`). Without rtnetlink, a bind to each tells
+/// whether it is on any interface (a bind to an address that is not fails; nothing is sent).
+fn where_addresses(config: &Config, ours: &[IpAddr]) -> Addresses {
+    let wanted = probed(config).map(|l| l.ip());
+    let Ok(found) = link::interfaces_of(&wanted) else {
+        let bound = wanted
+            .iter()
+            .all(|&ip| std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok());
+        return if bound {
+            Addresses::Theirs
+        } else {
+            Addresses::Gone
+        };
+    };
+    let lo = nix::net::if_::if_nametoindex(link::LOOPBACK).unwrap_or(1);
+    let mut all_theirs = true;
+    for ip in wanted {
+        let on: Vec<u32> = found.iter().filter(|f| f.0 == ip).map(|f| f.1).collect();
+        if on.is_empty() {
+            return Addresses::Gone;
+        }
+        all_theirs &= on.iter().any(|&i| i != lo) || !ours.contains(&ip);
+    }
+    if all_theirs {
+        Addresses::Theirs
+    } else {
+        Addresses::Ours
+    }
 }
 
 /// The addresses the prober asks.

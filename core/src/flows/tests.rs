@@ -1,16 +1,26 @@
 //! Seeded lifecycles of LocalDNS beside the standby's [`Flows`], on a fake clock: starts, slow
-//! start-ups, crashes (addresses kept or deleted), hangs and resumes, quick restarts, a LocalDNS
-//! that reads but does not answer, CPU-quota throttling, sockets joining and leaving, lost probe
-//! replies, quiet and busy clients, and the standby itself restarted. The world here models the
-//! kernel (which socket a new flow reaches, what waits in each queue) and carries out what the
-//! machine says; the checks read only what the machine said and what the world did, never its
-//! fields. After every step:
-//! - each new flow reaches one socket, and a socket that does not serve gets one only within
-//!   the detectors' bounds (the queues' from the first query left unread, else the probe's);
-//! - the standby gives the flows back within two answered rounds of LocalDNS serving again;
-//! - a LocalDNS that serves healthily is never taken from;
-//! - throttled, the flows change hands at most once every [`UNREAD_REST`];
-//! - the steering is pointed afresh within a look after the groups' members moved it.
+//! start-ups, crashes (addresses kept or deleted) and crash storms, hangs and resumes, quick
+//! restarts, a LocalDNS that reads but does not answer, one alive while its addresses are gone,
+//! one starved of CPU (it fails under the pods' load and answers its probe once the load is off
+//! it), CPU-quota throttling, sockets joining and leaving, lost and refused probe rounds, quiet
+//! and busy clients, the whole machine paused (late looks), pods' queries that reach the standby
+//! aside, the standby's addresses taken off lo while it holds, and the standby itself restarted.
+//! The world here models the kernel (which socket a new flow reaches, what waits in each queue,
+//! which interface carries the addresses) and carries out what the machine says; the checks read
+//! only what the machine said and what the world did, never its fields. After every step:
+//! - every take has its cause in what the world did (two silent rounds it delivered, a queue it
+//!   left unread at least as long as the bound, the addresses it deleted), never earlier; and
+//!   comes within its bound: at the second silent round, at once for the addresses, within a
+//!   round of a refusing LocalDNS, within the queues' bound of the first unread query;
+//! - at most one take per fault (a storm: one per crash), blind shells aside (see `episode`);
+//! - the flows go back only to a LocalDNS whose link carries the addresses and that answered the
+//!   rounds its proof asks (counted by the world from its own rounds and takes), and at the
+//!   round that completes them;
+//! - a LocalDNS that serves healthily is never taken from; throttled, the flows change hands at
+//!   most once every [`UNREAD_REST`];
+//! - the steering is pointed afresh within a look after the groups' members moved it, within
+//!   [`STRAY_GAP`] of a pod's query reaching the standby aside, and the addresses put back on
+//!   lo at once while the standby holds the flows.
 //!
 //! A failure names its seed; `FLOWS_SEED=<seed>` replays it, `FLOWS_LIFECYCLES=<n>` runs more.
 //! Planted bugs this caught are listed in `planted.md` beside this file.
@@ -24,12 +34,13 @@ const WAIT: Duration = Duration::from_millis(120);
 const MS: Duration = Duration::from_millis(1);
 /// Two silent rounds from any point: a round under way, the next one, and one asked at once.
 const PROBE_BOUND: Duration = Duration::from_millis(500);
+/// A LocalDNS with no socket refuses a round at once, and the next is asked at once.
+const REFUSED_BOUND: Duration = PROBE_EVERY.saturating_add(Duration::from_millis(5));
 /// A look sees the first unread query at most a look late, the stall a busy look after it is old.
 const QUEUE_BOUND: Duration = UNREAD_FOR
     .saturating_add(LOOK_EVERY)
     .saturating_add(LOOK_BUSY.saturating_mul(3))
     .saturating_add(MS);
-const HAND_BACK_BOUND: Duration = Duration::from_millis(500);
 /// After a resume, a round asked during the silence may still end silent.
 const GRACE: Duration = WAIT.saturating_add(LOOK_EVERY).saturating_add(MS);
 /// The longest a healthy socket's queue stays non-empty and growing (what `tests/unread.rs`
@@ -49,10 +60,13 @@ enum Phase {
     },
     /// Crashed: no socket.
     Absent,
-    /// Frozen for the first `frozen` of every `THROTTLE_PERIOD` by its CPU quota.
+    /// Frozen for the first `frozen` of every `THROTTLE_PERIOD` by its CPU quota; keeps up.
     Throttled {
         frozen: Duration,
     },
+    /// Starved: under the pods' load it reads 2 ms in 100 and loses most probe rounds in its
+    /// overflowing queues; without the load (the standby holds the flows) it serves.
+    Starved,
 }
 
 #[derive(Debug)]
@@ -61,6 +75,9 @@ struct Sock {
     unread: u32,
     /// The healthy queue's current growing run, for its noise.
     run: Option<(Instant, u32)>,
+    /// What the last look reported, and whether that was a queue left unread.
+    reported: u32,
+    stalled: bool,
 }
 
 struct Probe {
@@ -76,32 +93,61 @@ struct World {
     phase_since: Instant,
     sockets: Vec<Sock>,
     next_inode: u64,
+    /// The listener addresses are on LocalDNS's link.
     addresses: bool,
+    /// And on lo, where the standby put them.
+    on_lo: bool,
     /// Where the steering points, as the machine's outs left it.
     target: Holder,
     /// Since when the members moved our index under the steering.
     stale: Option<Instant>,
+    /// A pod's query reached the standby aside, told to the machine, while the steering was stale.
+    strayed: Option<Instant>,
     probe: Option<Probe>,
     last_lost: bool,
-    answered_in_row: u32,
-    lost_at: Option<Instant>,
+    /// Rounds the world ended: silent ones in a row, and answered ones since the take with no
+    /// two silent in a row among them.
+    silent_in_row: u32,
+    answered_since_take: u32,
+    /// The second silent round in a row ended with LocalDNS holding the flows: a take is due.
+    take_due: bool,
+    /// The round that completes the proof ended: a hand-back is due.
+    hand_back_due: bool,
+    /// The inodes the last look reported, and those it reported before the last take.
+    view: Vec<u64>,
+    view_at_take: Vec<u64>,
+    last_hand_back: Option<Instant>,
+    recurrences: u32,
+    /// The owners' state the world last gave.
+    owners_said: Option<Owners>,
     /// Observations for the checks.
     not_serving_since: Option<Instant>,
+    no_socket_since: Option<Instant>,
     first_unread: Option<Instant>,
+    /// The last stall that reading ended: when it began and ended.
+    last_stall: Option<(Instant, Instant)>,
+    /// LocalDNS read at the last step; the last look's time.
+    reading: bool,
+    last_look_at: Instant,
     healthy_since: Option<Instant>,
-    serving_since: Option<Instant>,
     rest_until: Option<Instant>,
     last_take: Option<Why>,
-    taken_at: Option<Instant>,
     throttled_takes: Vec<Instant>,
+    /// Takes since the fault in force began, and that fault.
+    episode_takes: u32,
+    episode: Phase,
     query_every: Option<Duration>,
     next_query: Instant,
     next_change: Instant,
+    /// When the addresses deleted while LocalDNS runs come back.
+    addresses_back_at: Option<Instant>,
     takes: u32,
     /// The shell cannot see LocalDNS's cgroup (no cgroup mount, another pid namespace).
     blind: bool,
     /// The hang in force is a SIGSTOP (else a blocked reader).
     stopped: bool,
+    /// The next look comes after the whole machine paused: every queue as it was.
+    paused: bool,
 }
 
 impl World {
@@ -111,6 +157,9 @@ impl World {
             Phase::Hung | Phase::Absent => false,
             Phase::Starting { reads_at } => self.now >= reads_at,
             Phase::Throttled { frozen } => self.in_period() >= frozen,
+            Phase::Starved => {
+                self.target == Holder::Standby || self.in_period() < Duration::from_millis(2)
+            }
         }
     }
 
@@ -119,6 +168,7 @@ impl World {
         Duration::from_nanos((since.as_nanos() % THROTTLE_PERIOD.as_nanos()) as u64)
     }
 
+    /// LocalDNS could keep the pods' flows now.
     fn serves(&self) -> bool {
         self.addresses
             && !self.sockets.is_empty()
@@ -129,18 +179,35 @@ impl World {
         self.serves() && self.reads()
     }
 
-    /// The phase's own next instant: a throttled LocalDNS thaws, a starting one reads.
+    /// The probe reaches a socket of LocalDNS's (through its link or through lo).
+    fn probe_reaches(&self) -> bool {
+        (self.addresses || self.on_lo) && !self.sockets.is_empty()
+    }
+
+    /// LocalDNS answers its probe now: serving, or starved with the load off it.
+    fn answers_probe(&self) -> bool {
+        self.probe_reaches()
+            && self.reads()
+            && matches!(
+                self.phase,
+                Phase::Serving | Phase::Throttled { .. } | Phase::Starved
+            )
+    }
+
+    /// The phase's own next instant: a throttled or starved LocalDNS thaws, a starting one reads.
     fn phase_event(&self) -> Option<Instant> {
+        let period = |frozen: Duration| {
+            let at = self.in_period();
+            Some(if at < frozen {
+                self.now + (frozen - at)
+            } else {
+                self.now + (THROTTLE_PERIOD - at)
+            })
+        };
         match self.phase {
             Phase::Starting { reads_at } if reads_at > self.now => Some(reads_at),
-            Phase::Throttled { frozen } => {
-                let at = self.in_period();
-                Some(if at < frozen {
-                    self.now + (frozen - at)
-                } else {
-                    self.now + (THROTTLE_PERIOD - at)
-                })
-            }
+            Phase::Throttled { frozen } => period(frozen),
+            Phase::Starved => period(Duration::from_millis(2)),
             _ => None,
         }
     }
@@ -151,6 +218,8 @@ impl World {
             inode: self.next_inode,
             unread: 0,
             run: None,
+            reported: 0,
+            stalled: false,
         });
     }
 
@@ -162,8 +231,25 @@ impl World {
             (false, None) => self.not_serving_since = Some(self.now),
             _ => {}
         }
-        if self.reads() {
-            self.first_unread = None;
+        let reads = self.reads();
+        if !reads && std::mem::replace(&mut self.reading, false) {
+            // What the last look saw queued stays there unread, from when that queue began to
+            // grow without shrinking.
+            for s in &mut self.sockets {
+                s.unread = s.reported;
+            }
+            self.first_unread = self
+                .sockets
+                .iter()
+                .filter(|s| s.reported > 0)
+                .map(|s| s.run.map_or(self.last_look_at, |(since, _)| since))
+                .min();
+        }
+        if reads {
+            self.reading = true;
+            if let Some(first) = self.first_unread.take() {
+                self.last_stall = Some((first, self.now));
+            }
             for s in &mut self.sockets {
                 s.unread = 0;
             }
@@ -174,11 +260,6 @@ impl World {
             (false, Some(_)) => self.healthy_since = None,
             _ => {}
         }
-        match (serves, self.serving_since) {
-            (true, None) => self.serving_since = Some(self.now),
-            (false, Some(_)) => self.serving_since = None,
-            _ => {}
-        }
     }
 
     fn set_phase(&mut self, phase: Phase) {
@@ -187,76 +268,202 @@ impl World {
         self.observe();
     }
 
+    /// A fault begins: takes are counted afresh.
+    fn fault(&mut self, phase: Phase) {
+        self.episode_takes = 0;
+        self.episode = phase;
+        self.set_phase(phase);
+    }
+
     /// Sockets closing move the last member into the freed index: our steering is stale.
     fn close_sockets(&mut self, keep: usize) {
         if self.sockets.len() > keep {
             self.sockets.truncate(keep);
             self.stale.get_or_insert(self.now);
+            if keep == 0 {
+                self.no_socket_since = Some(self.now);
+            }
         }
+    }
+
+    /// The shell's report of where the addresses are (it hears of every change).
+    fn report_addresses(&mut self) {
+        let a = match (self.addresses, self.on_lo) {
+            (true, _) => Addresses::Theirs,
+            (false, true) => Addresses::Ours,
+            (false, false) => Addresses::Gone,
+        };
+        self.flows.addresses(self.now, a);
+    }
+
+    /// The rounds LocalDNS owes before a hand-back, from what the world saw: the take's cause,
+    /// whether a socket it had at the take is still there, and how soon after a hand-back the
+    /// take came.
+    fn proof(&self) -> u32 {
+        let rounds = |d: Duration| d.as_millis().div_ceil(PROBE_EVERY.as_millis()) as u32;
+        let same = self.view.iter().any(|i| self.view_at_take.contains(i));
+        let base = match self.last_take {
+            Some(Why::SilentProbe) if same => rounds(SAME_PROOF),
+            _ => ROUNDS_TO_ACT,
+        };
+        (base << self.recurrences.min(8)).min(rounds(MAX_PROOF))
+    }
+
+    fn took(&mut self, why: Why) -> Result<(), String> {
+        if let Some(h) = self.healthy_since {
+            if self.now - h > GRACE && self.phase == Phase::Serving && self.serves() {
+                return Err(format!(
+                    "took the flows ({why:?}) from a LocalDNS healthy for {:?}",
+                    self.now - h
+                ));
+            }
+        }
+        // The take's cause is in what the world did, and no sooner than its bound.
+        let justified = match why {
+            Why::SilentProbe => self.silent_in_row >= ROUNDS_TO_ACT,
+            Why::AddressesGone => !self.addresses,
+            Why::Unread => {
+                let least = match self.owners_said {
+                    Some(Owners::Stopped) => STOPPED_FOR,
+                    _ => UNREAD_FOR,
+                };
+                // A stall that reading ended since the last look still counts: the machine saw
+                // the queue only at its looks.
+                let stall = match (self.first_unread, self.last_stall) {
+                    (Some(first), _) => Some((first, self.now)),
+                    (None, Some((first, end))) if self.now - end <= LOOK_BUSY * 3 => {
+                        Some((first, end))
+                    }
+                    _ => None,
+                };
+                // A starved LocalDNS that reads for 2 ms in 100 may drain a queue between two
+                // looks and fill it again: a blind shell sees one stall.
+                let sampled = self.blind && self.phase == Phase::Starved;
+                stall.is_some_and(|(first, end)| sampled || end - first >= least)
+            }
+            // A new standby found it not answering.
+            Why::NotServing => !self.answers_probe(),
+        };
+        if !justified {
+            return Err(format!(
+                "took the flows ({why:?}) without its cause: {} silent rounds in a row, \
+                 addresses {}, first unread {:?} ago, owners {:?}",
+                self.silent_in_row,
+                self.addresses,
+                self.first_unread.map(|f| self.now - f),
+                self.owners_said
+            ));
+        }
+        let starved = matches!(self.phase, Phase::Throttled { .. } | Phase::Starved);
+        if let Phase::Throttled { .. } = self.phase {
+            if !self.blind && self.now - self.phase_since > GRACE {
+                return Err(format!(
+                    "took the flows ({why:?}) from a LocalDNS throttled for {:?}",
+                    self.now - self.phase_since
+                ));
+            }
+        }
+        if starved {
+            if let Some(&last) = self.throttled_takes.last() {
+                if last >= self.phase_since && self.now - last < UNREAD_REST && why == Why::Unread {
+                    return Err(format!(
+                        "starved LocalDNS taken twice by its queues {:?} apart",
+                        self.now - last
+                    ));
+                }
+            }
+            self.throttled_takes.push(self.now);
+        }
+        self.episode_takes += 1;
+        // A blind shell cannot tell a starved or throttled LocalDNS from a hung one by its
+        // queues: it may take once by the queues and once more by the probe, and a throttled
+        // one once by the queues every `UNREAD_REST` (checked above).
+        let allowed = match self.episode {
+            Phase::Throttled { .. } if self.blind => u32::MAX,
+            Phase::Starved if self.blind => 2,
+            _ => 1,
+        };
+        if self.episode_takes > allowed {
+            return Err(format!(
+                "took the flows ({why:?}) {} times in one fault ({:?}; now {:?} for {:?})",
+                self.episode_takes,
+                self.episode,
+                self.phase,
+                self.now - self.phase_since
+            ));
+        }
+        let recurs = self.last_hand_back.is_some_and(|at| self.now < at + RECUR);
+        self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
+        self.target = Holder::Standby;
+        self.stale = None;
+        self.strayed = None;
+        self.last_take = Some(why);
+        self.view_at_take = self.view.clone();
+        self.silent_in_row = 0;
+        self.answered_since_take = 0;
+        self.takes += 1;
+        if !self.on_lo {
+            self.on_lo = true;
+            self.report_addresses();
+        }
+        Ok(())
+    }
+
+    fn handed_back(&mut self) -> Result<(), String> {
+        if self.target != Holder::Standby {
+            return Err("handed back flows it did not hold".into());
+        }
+        if !self.addresses {
+            return Err("handed back while LocalDNS's link does not carry the addresses".into());
+        }
+        if self.view.is_empty() {
+            return Err("handed back to a LocalDNS with no socket in the groups".into());
+        }
+        let proof = self.proof();
+        if self.answered_since_take < proof {
+            return Err(format!(
+                "handed back after {} answered rounds ({:?}, proof {proof})",
+                self.answered_since_take, self.last_take
+            ));
+        }
+        if self.last_take == Some(Why::Unread) {
+            self.rest_until = Some(self.now + UNREAD_REST);
+        }
+        self.target = Holder::LocalDns;
+        self.stale = None;
+        self.strayed = None;
+        self.last_hand_back = Some(self.now);
+        self.hand_back_due = false;
+        self.on_lo = false;
+        self.report_addresses();
+        Ok(())
     }
 
     fn carry_out(&mut self) -> Result<(), String> {
         while let Some(out) = self.flows.poll(self.now) {
             if TRACE.with(|t| *t) && !matches!(out, Out::Look { .. }) {
                 eprintln!(
-                    "{:?} {:?} {out:?} {:?} sockets {} rest {:?}",
+                    "{:?} {:?} {out:?} {:?} sockets {} addresses {} lo {} rest {:?}",
                     self.now,
                     self.now - self.phase_since,
                     self.phase,
                     self.sockets.len(),
+                    self.addresses,
+                    self.on_lo,
                     self.rest_until
                 );
             }
             match out {
-                Out::Take(why) => {
-                    if let Some(h) = self.healthy_since {
-                        if self.now - h > GRACE && self.phase == Phase::Serving && self.serves() {
-                            return Err(format!(
-                                "took the flows ({why:?}) from a LocalDNS healthy for {:?}",
-                                self.now - h
-                            ));
-                        }
-                    }
-                    if let Phase::Throttled { .. } = self.phase {
-                        if !self.blind && self.now - self.phase_since > GRACE {
-                            return Err(format!(
-                                "took the flows ({why:?}) from a LocalDNS throttled for {:?}",
-                                self.now - self.phase_since
-                            ));
-                        }
-                        if let Some(&last) = self.throttled_takes.last() {
-                            if last >= self.phase_since && self.now - last < UNREAD_REST {
-                                return Err(format!(
-                                    "throttled LocalDNS taken twice {:?} apart",
-                                    self.now - last
-                                ));
-                            }
-                        }
-                        self.throttled_takes.push(self.now);
-                    }
-                    self.target = Holder::Standby;
+                Out::Take(why) => self.took(why)?,
+                Out::HandBack => self.handed_back()?,
+                Out::Repoint => {
                     self.stale = None;
-                    self.last_take = Some(why);
-                    self.taken_at = Some(self.now);
-                    self.takes += 1;
+                    self.strayed = None;
+                    if self.target == Holder::Standby && !self.on_lo {
+                        self.on_lo = true;
+                        self.report_addresses();
+                    }
                 }
-                Out::HandBack => {
-                    if self.target != Holder::Standby {
-                        return Err("handed back flows it did not hold".into());
-                    }
-                    if self.answered_in_row < 2 {
-                        return Err(format!(
-                            "handed back after {} answered rounds",
-                            self.answered_in_row
-                        ));
-                    }
-                    if self.last_take == Some(Why::Unread) {
-                        self.rest_until = Some(self.now + UNREAD_REST);
-                    }
-                    self.target = Holder::LocalDns;
-                    self.stale = None;
-                }
-                Out::Repoint => self.stale = None,
                 Out::CheckOwners => {
                     // A process waiting for a CPU is runnable; one reading may be caught asleep
                     // between datagrams; a hung one is stopped (SIGSTOP) or asleep (blocked), a
@@ -264,22 +471,25 @@ impl World {
                     // says asleep.
                     let owners = match self.phase {
                         _ if self.blind => Owners::Asleep,
-                        Phase::Throttled { .. } => Owners::Runnable,
+                        Phase::Throttled { .. } | Phase::Starved => Owners::Runnable,
                         Phase::Serving | Phase::Mute if self.rng.random_bool(0.5) => {
                             Owners::Runnable
                         }
                         Phase::Hung if self.stopped => Owners::Stopped,
                         _ => Owners::Asleep,
                     };
+                    self.owners_said = Some(owners);
                     self.flows.owners(self.now, owners);
                 }
                 Out::Ask => {
-                    // Lost replies come alone: two in a row is a silent LocalDNS.
-                    let lost = !self.last_lost && self.rng.random_bool(0.05);
+                    // Lost replies come alone: two in a row is a silent LocalDNS. A starved one
+                    // under load loses most.
+                    let lost = if self.phase == Phase::Starved && self.target == Holder::LocalDns {
+                        self.rng.random_bool(0.7)
+                    } else {
+                        !self.last_lost && self.rng.random_bool(0.05)
+                    };
                     self.last_lost = lost;
-                    if lost {
-                        self.lost_at = Some(self.now);
-                    }
                     self.probe = Some(Probe {
                         asked: self.now,
                         lost,
@@ -288,18 +498,31 @@ impl World {
                 Out::Look { .. } => {
                     let reads = self.reads();
                     let now = self.now;
+                    let paused = std::mem::take(&mut self.paused);
                     let mut view = Vec::new();
                     for s in &mut self.sockets {
-                        let queued = if reads {
+                        // A LocalDNS that reads again drains what it left unread first.
+                        // After a pause, what is queued counts as queued from now: nothing ran.
+                        let queued = if paused {
+                            s.run = (s.reported > 0).then_some((now, s.reported));
+                            s.reported
+                        } else if reads && std::mem::take(&mut s.stalled) {
+                            s.run = None;
+                            0
+                        } else if reads {
                             healthy_noise(&mut self.rng, now, s)
                         } else {
+                            s.stalled = true;
                             s.unread
                         };
+                        s.reported = queued;
                         view.push(Queue {
                             inode: s.inode,
                             queued,
                         });
                     }
+                    self.view = view.iter().map(|q| q.inode).collect();
+                    self.last_look_at = now;
                     let complete = !self.sockets.is_empty();
                     if TRACE.with(|t| *t) {
                         eprintln!("{:?} look {view:?}", self.now - self.phase_since);
@@ -311,33 +534,56 @@ impl World {
         Ok(())
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&mut self) -> Result<(), String> {
         // Nothing answers an address that is gone but our own on lo: taken at once.
         if !self.addresses && self.target == Holder::LocalDns {
             return Err("LocalDNS's addresses are gone and its flows not taken".into());
         }
-        if let (Holder::Standby, Some(since)) = (self.target, self.serving_since) {
-            let since = [self.lost_at, self.taken_at]
-                .into_iter()
-                .flatten()
-                .fold(since, Instant::max);
-            if self.now - since > HAND_BACK_BOUND {
+        if !self.addresses && !self.on_lo {
+            return Err("the standby holds the flows and the addresses are on no interface".into());
+        }
+        if std::mem::take(&mut self.take_due) && self.target == Holder::LocalDns {
+            return Err(format!(
+                "{} silent rounds in a row and the flows not taken",
+                self.silent_in_row
+            ));
+        }
+        if std::mem::take(&mut self.hand_back_due) && self.target == Holder::Standby {
+            return Err(format!(
+                "LocalDNS answered {} rounds ({:?}, proof {}) and the flows not handed back",
+                self.answered_since_take,
+                self.last_take,
+                self.proof()
+            ));
+        }
+        // A LocalDNS with no socket refuses every round at once.
+        if let (Holder::LocalDns, Some(since), true) = (
+            self.target,
+            self.no_socket_since,
+            self.sockets.is_empty() && self.addresses,
+        ) {
+            if self.now - since > REFUSED_BOUND {
                 return Err(format!(
-                    "LocalDNS serves since {:?} ago and the standby still holds its flows",
+                    "LocalDNS has no socket since {:?} and its flows are not taken",
                     self.now - since
                 ));
             }
         }
         if let Some(stale) = self.stale {
-            let bound = match self.target {
-                Holder::Standby => PROBE_EVERY,
-                Holder::LocalDns => LOOK_EVERY,
-            } + MS;
+            let bound = LOOK_EVERY + MS;
             if self.now - stale > bound {
                 return Err(format!(
                     "steering stale for {:?} with {:?} holding",
                     self.now - stale,
                     self.target
+                ));
+            }
+        }
+        if let Some(at) = self.strayed {
+            if self.now - at > STRAY_GAP + MS {
+                return Err(format!(
+                    "a pod's query reached the standby aside {:?} ago and the steering is stale",
+                    self.now - at
                 ));
             }
         }
@@ -351,6 +597,13 @@ impl World {
             (Holder::Standby, true) | (Holder::LocalDns, false) => !self.sockets.is_empty(),
         };
         if !to_localdns {
+            // It reached one of our relays while we stand aside: the relay tells the standby.
+            if self.target == Holder::LocalDns {
+                if self.stale.is_some() {
+                    self.strayed.get_or_insert(self.now);
+                }
+                self.flows.stray(self.now);
+            }
             return Ok(());
         }
         let i = self.rng.random_range(0..self.sockets.len());
@@ -358,7 +611,11 @@ impl World {
             self.sockets[i].unread += 100;
             self.first_unread.get_or_insert(self.now);
         }
-        if self.answers_now() || matches!(self.phase, Phase::Throttled { .. }) {
+        // A steering stale while we hold the flows is bounded by `check`.
+        if self.answers_now()
+            || self.target == Holder::Standby
+            || matches!(self.phase, Phase::Throttled { .. } | Phase::Starved)
+        {
             return Ok(());
         }
         let since = self.not_serving_since.unwrap_or(self.now);
@@ -372,9 +629,11 @@ impl World {
         };
         if self.now - from > bound {
             return Err(format!(
-                "a flow went to LocalDNS ({:?}) {:?} after it stopped serving (bound {bound:?})",
+                "a flow went to LocalDNS ({:?}) {:?} after it stopped serving (bound {bound:?}; {:?} holds, stale {:?})",
                 self.phase,
-                self.now - from
+                self.now - from,
+                self.target,
+                self.stale.map(|s| self.now - s)
             ));
         }
         Ok(())
@@ -392,17 +651,50 @@ impl World {
 
     fn settle_probe(&mut self) {
         let Some(p) = &self.probe else { return };
-        let refused = self.sockets.is_empty() || !self.addresses;
-        let answered = !p.lost && self.now >= p.asked + MS && self.answers_now();
+        let refused = !self.probe_reaches();
+        let answered = !p.lost && self.now >= p.asked + MS && self.answers_probe();
         if refused || answered || self.now >= p.asked + WAIT {
             self.probe = None;
-            self.answered_in_row = if answered {
-                self.answered_in_row + 1
+            if answered {
+                self.silent_in_row = 0;
+                self.answered_since_take += 1;
             } else {
-                0
-            };
+                self.silent_in_row += 1;
+                if self.silent_in_row >= ROUNDS_TO_ACT {
+                    self.answered_since_take = 0;
+                }
+            }
+            self.take_due = self.target == Holder::LocalDns && self.silent_in_row >= ROUNDS_TO_ACT;
+            self.hand_back_due = self.target == Holder::Standby
+                && answered
+                && self.addresses
+                && !self.view.is_empty()
+                && self.answered_since_take >= self.proof();
             self.flows.asked(self.now, answered);
         }
+    }
+
+    /// The standby itself restarts: a new process asks before it binds.
+    fn restart_standby(&mut self) {
+        let serves = self.answers_now();
+        self.flows = Flows::new(self.now, serves);
+        // Its take, if it makes one, is carried out as any other.
+        self.target = Holder::LocalDns;
+        self.stale = None;
+        self.strayed = None;
+        self.probe = None;
+        self.silent_in_row = 0;
+        self.answered_since_take = 0;
+        self.view.clear();
+        self.view_at_take.clear();
+        self.rest_until = None;
+        self.last_take = None;
+        self.last_hand_back = None;
+        self.recurrences = 0;
+        self.throttled_takes.clear();
+        // The last one's addresses on lo were taken off by its unit's stop.
+        self.on_lo = false;
+        self.report_addresses();
     }
 
     /// The next thing that happens to LocalDNS.
@@ -410,20 +702,36 @@ impl World {
         let r: f64 = self.rng.random();
         let d =
             |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..hi));
-        match self.phase {
-            Phase::Serving if r < 0.2 => {
-                self.stopped = self.rng.random_bool(0.5);
-                self.set_phase(Phase::Hung)
+        if let Some(at) = self.addresses_back_at {
+            if self.now >= at {
+                // LocalDNS's link carries its addresses again.
+                self.addresses_back_at = None;
+                self.addresses = true;
+                self.observe();
+                self.report_addresses();
+                self.next_change = self.now + d(&mut self.rng, 50, 3000);
+                return;
             }
-            Phase::Serving if r < 0.32 => {
+        }
+        match self.phase {
+            _ if self.addresses_back_at.is_some() => {
+                self.next_change = self.addresses_back_at.unwrap_or(self.now);
+                return;
+            }
+            Phase::Serving if r < 0.17 => {
+                self.stopped = self.rng.random_bool(0.5);
+                self.fault(Phase::Hung)
+            }
+            Phase::Serving if r < 0.27 => {
                 self.close_sockets(0);
+                self.episode_takes = 0;
                 if self.rng.random_bool(0.5) {
                     self.addresses = false;
-                    self.flows.addresses_gone();
+                    self.report_addresses();
                 }
-                self.set_phase(Phase::Absent);
+                self.fault(Phase::Absent);
             }
-            Phase::Serving if r < 0.42 => {
+            Phase::Serving if r < 0.35 => {
                 // A quick restart: new sockets at once.
                 let n = self.sockets.len().max(1);
                 self.close_sockets(0);
@@ -432,14 +740,38 @@ impl World {
                 }
                 self.observe();
             }
-            Phase::Serving if r < 0.47 => self.set_phase(Phase::Mute),
-            Phase::Serving if r < 0.55 => {
+            Phase::Serving if r < 0.39 => self.fault(Phase::Mute),
+            Phase::Serving if r < 0.45 => {
                 let frozen = d(&mut self.rng, 10, 80);
-                self.set_phase(Phase::Throttled { frozen });
+                self.fault(Phase::Throttled { frozen });
                 self.next_change = self.now + d(&mut self.rng, 2000, 25000);
                 return;
             }
-            Phase::Serving if r < 0.65 => {
+            Phase::Serving if r < 0.51 => {
+                // Starved for less than the proof a silent LocalDNS owes (see `SAME_PROOF`).
+                self.fault(Phase::Starved);
+                self.next_change = self.now + d(&mut self.rng, 2000, 9000);
+                return;
+            }
+            Phase::Serving if r < 0.57 => {
+                // LocalDNS's link loses its addresses (deleted by hand, or an orphaned CoreDNS
+                // still running while its script recreates the link); LocalDNS runs on.
+                self.episode_takes = 0;
+                self.episode = Phase::Serving;
+                self.addresses = false;
+                self.observe();
+                self.report_addresses();
+                let back = self.now + d(&mut self.rng, 600, 3000);
+                self.addresses_back_at = Some(back);
+                self.next_change = back;
+                return;
+            }
+            Phase::Serving if r < 0.61 && self.target == Holder::Standby && self.on_lo => {
+                // Someone takes the standby's addresses off lo while it holds the flows.
+                self.on_lo = false;
+                self.report_addresses();
+            }
+            Phase::Serving if r < 0.67 => {
                 if self.sockets.len() > 1 && self.rng.random_bool(0.5) {
                     let keep = self.sockets.len() - 1;
                     self.close_sockets(keep);
@@ -448,29 +780,17 @@ impl World {
                 }
                 self.observe();
             }
-            Phase::Serving if r < 0.7 => {
-                // The standby itself restarts: a new process asks before it binds.
-                let serves = self.answers_now();
-                self.flows = Flows::new(self.now, serves);
-                self.target = if serves {
-                    Holder::LocalDns
-                } else {
-                    Holder::Standby
-                };
-                self.stale = None;
-                self.probe = None;
-                self.answered_in_row = 0;
-                self.rest_until = None;
-                self.last_take = None;
-                self.throttled_takes.clear();
-            }
+            Phase::Serving if r < 0.71 => self.restart_standby(),
             Phase::Serving => {
                 self.query_every = (!self.rng.random_bool(0.2))
                     .then(|| Duration::from_micros(self.rng.random_range(1000..20000)));
             }
             Phase::Absent => {
                 // LocalDNS's script recreates its link, then CoreDNS binds; slow start-ups too.
-                self.addresses = true;
+                if !self.addresses {
+                    self.addresses = true;
+                    self.report_addresses();
+                }
                 let n = self.rng.random_range(1..=4);
                 for _ in 0..n {
                     self.new_socket();
@@ -479,9 +799,16 @@ impl World {
                 let reads_at = self.now + d(&mut self.rng, 0, slow);
                 self.set_phase(Phase::Starting { reads_at });
             }
-            Phase::Hung | Phase::Mute | Phase::Throttled { .. } | Phase::Starting { .. } => {
-                self.set_phase(Phase::Serving)
+            Phase::Starting { .. } if r < 0.3 => {
+                // A crash storm: it dies again while starting.
+                self.close_sockets(0);
+                self.fault(Phase::Absent);
             }
+            Phase::Hung
+            | Phase::Mute
+            | Phase::Throttled { .. }
+            | Phase::Starved
+            | Phase::Starting { .. } => self.set_phase(Phase::Serving),
         }
         let (lo, hi) = match self.phase {
             Phase::Serving => (50, 3000),
@@ -515,7 +842,7 @@ fn healthy_noise(rng: &mut StdRng, now: Instant, s: &mut Sock) -> u32 {
 
 thread_local!(static TRACE: bool = std::env::var_os("FLOWS_TRACE").is_some());
 
-const LIFETIME: Duration = Duration::from_secs(20);
+const LIFETIME: Duration = Duration::from_secs(40);
 
 fn lifecycle(seed: u64) -> Result<u32, String> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -533,30 +860,41 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         sockets: Vec::new(),
         next_inode: 0,
         addresses: true,
-        target: if serving_at_start {
-            Holder::LocalDns
-        } else {
-            Holder::Standby
-        },
+        on_lo: false,
+        target: Holder::LocalDns,
         stale: None,
+        strayed: None,
         probe: None,
         last_lost: false,
-        answered_in_row: 0,
-        lost_at: None,
+        silent_in_row: 0,
+        answered_since_take: 0,
+        take_due: false,
+        hand_back_due: false,
+        view: Vec::new(),
+        view_at_take: Vec::new(),
+        last_hand_back: None,
+        recurrences: 0,
+        owners_said: None,
         not_serving_since: None,
+        no_socket_since: None,
         first_unread: None,
+        last_stall: None,
+        reading: true,
+        last_look_at: start,
         healthy_since: None,
-        serving_since: None,
         rest_until: None,
         last_take: None,
-        taken_at: None,
         throttled_takes: Vec::new(),
+        episode_takes: 0,
+        episode: Phase::Serving,
         query_every: Some(Duration::from_millis(rng.random_range(1..20))),
         next_query: start,
         next_change: start + Duration::from_millis(rng.random_range(50..3000)),
+        addresses_back_at: None,
         takes: 0,
         blind: rng.random_bool(0.3),
         stopped: false,
+        paused: false,
         rng,
     };
     if serving_at_start {
@@ -565,12 +903,14 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
             w.new_socket();
         }
     }
+    w.report_addresses();
     w.observe();
     let end = start + LIFETIME;
     while w.now < end {
         w.carry_out()?;
         w.check()?;
-        let mut next = w.flows.deadline().min(w.next_change).min(end);
+        let deadline = w.flows.deadline();
+        let mut next = deadline.min(w.next_change).min(end);
         if w.query_every.is_some() {
             next = next.min(w.next_query);
         }
@@ -580,9 +920,26 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         if next <= w.now {
             next = w.now + Duration::from_micros(100);
         }
+        // Now and then the whole machine pauses (a VM's CPUs stopped by its host's quota) at a
+        // look of the standby beside a LocalDNS that serves: nothing runs, nothing queues.
+        let pause = next == deadline
+            && w.probe.is_none()
+            && w.target == Holder::LocalDns
+            && w.phase == Phase::Serving
+            && w.stale.is_none()
+            && w.rng.random_bool(0.02);
+        if pause {
+            let by = Duration::from_millis(w.rng.random_range(15..60));
+            next += by;
+            w.paused = true;
+            w.next_query = w.next_query.max(next);
+            w.next_change = w.next_change.max(next);
+        }
         w.now = next;
         w.observe();
         w.settle_probe();
+        // The shell carries out what a round decided before it reads anything else.
+        w.carry_out()?;
         if let Some(every) = w.query_every {
             if w.now >= w.next_query {
                 w.next_query = w.now + every;
