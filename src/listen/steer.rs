@@ -388,25 +388,16 @@ fn away_pick(ours: u32, members: u32, random: u32) -> u32 {
 }
 
 fn attach(fd: BorrowedFd<'_>, program: &[nix::libc::sock_filter]) -> io::Result<()> {
+    // The kernel copies the program during the call.
     let prog = nix::libc::sock_fprog {
         len: program.len() as u16,
-        filter: program.as_ptr() as *mut _,
+        filter: program.as_ptr().cast_mut(),
     };
-    // SAFETY: the kernel copies the program during the call; both outlive it.
-    let rc = unsafe {
-        nix::libc::setsockopt(
-            fd.as_raw_fd(),
-            nix::libc::SOL_SOCKET,
-            nix::libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&prog as *const nix::libc::sock_fprog).cast(),
-            std::mem::size_of::<nix::libc::sock_fprog>() as nix::libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    Ok(nix::sys::socket::setsockopt(
+        &fd,
+        nix::sys::socket::sockopt::AttachReusePortCbpf,
+        &prog,
+    )?)
 }
 
 /// Who gets new flows from the instant our sockets join their groups.
