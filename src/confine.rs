@@ -9,40 +9,12 @@
 //! write every file root owns, `/proc/sys` and cgroupfs included. Reads are not confined: the
 //! tools read the node's state.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use nix::libc;
-
-// The Landlock ABI (linux/landlock.h), file-system rights that change something.
-const WRITE_FILE: u64 = 1 << 1;
-const REMOVE_DIR: u64 = 1 << 4;
-const REMOVE_FILE: u64 = 1 << 5;
-const MAKE_CHAR: u64 = 1 << 6;
-const MAKE_DIR: u64 = 1 << 7;
-const MAKE_REG: u64 = 1 << 8;
-const MAKE_SOCK: u64 = 1 << 9;
-const MAKE_FIFO: u64 = 1 << 10;
-const MAKE_BLOCK: u64 = 1 << 11;
-const MAKE_SYM: u64 = 1 << 12;
-/// ABI 2: linking or renaming a file into another directory.
-const REFER: u64 = 1 << 13;
-/// ABI 3: truncating a file without opening it for writing.
-const TRUNCATE: u64 = 1 << 14;
-const CREATE_RULESET_VERSION: u32 = 1;
-const RULE_PATH_BENEATH: libc::c_int = 1;
-
-#[repr(C)]
-struct RulesetAttr {
-    handled_access_fs: u64,
-}
-
-#[repr(C, packed)]
-struct PathBeneathAttr {
-    allowed_access: u64,
-    parent_fd: i32,
-}
+use landlock::{
+    ABI, AccessFs, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus,
+};
 
 /// The paths discovery's tools write: iptables-legacy's lock (`-w`, where kube-proxy made it),
 /// and the null device.
@@ -76,107 +48,47 @@ pub struct Confined {
 /// writing (not creating) the existing files in `except`. Sets `no_new_privs` (Landlock needs it
 /// without `CAP_SYS_ADMIN`). An error sentence when the kernel cannot do it: the caller logs it
 /// and serves on.
+///
+/// The rights that change something as of Landlock's first ABI are required (a kernel without
+/// them is left as it is, `no_new_privs` unset); linking or renaming into another directory
+/// (ABI 2) and truncating without opening for writing (ABI 3) are handled where the kernel has
+/// them.
 pub fn forbid_writes(except: &[&Path]) -> Result<Confined, String> {
-    // SAFETY: the version query takes no pointer.
-    let abi = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<RulesetAttr>(),
-            0usize,
-            CREATE_RULESET_VERSION,
-        )
-    };
-    if abi < 1 {
-        return Err(os_error(
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_write(ABI::V1))
+        .map_err(|_| {
             "cannot use Landlock to confine file-system writes (the kernel lacks it, or a \
-             system-call filter denies it)",
-        ));
-    }
-    let mut handled = WRITE_FILE
-        | REMOVE_DIR
-        | REMOVE_FILE
-        | MAKE_CHAR
-        | MAKE_DIR
-        | MAKE_REG
-        | MAKE_SOCK
-        | MAKE_FIFO
-        | MAKE_BLOCK
-        | MAKE_SYM;
-    if abi >= 2 {
-        handled |= REFER;
-    }
-    if abi >= 3 {
-        handled |= TRUNCATE;
-    }
-    let attr = RulesetAttr {
-        handled_access_fs: handled,
-    };
-    // SAFETY: attr is a valid ruleset attribute of the size passed.
-    let ruleset = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            &attr as *const RulesetAttr,
-            std::mem::size_of::<RulesetAttr>(),
-            0u32,
-        )
-    };
-    if ruleset < 0 {
-        return Err(os_error("cannot make a Landlock ruleset"));
-    }
-    let ruleset = ruleset as libc::c_int;
-    let result = confine(ruleset, abi, except);
-    // SAFETY: ruleset is the descriptor made above, closed once.
-    unsafe { libc::close(ruleset) };
-    result
-}
-
-fn confine(ruleset: libc::c_int, abi: i64, except: &[&Path]) -> Result<Confined, String> {
+             system-call filter denies it)"
+                .to_string()
+        })?
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_write(ABI::V3))
+        .and_then(Ruleset::create)
+        .map_err(|e| format!("cannot make a Landlock ruleset: {e}"))?;
     let mut writable = Vec::new();
     for path in except {
-        let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
-            continue;
-        };
-        // SAFETY: a NUL-terminated path; O_PATH opens nothing for reading or writing.
-        let fd = unsafe { libc::open(c_path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-        if fd < 0 {
-            continue; // absent here (e.g. no iptables-legacy lock): nothing to allow
-        }
-        let beneath = PathBeneathAttr {
-            allowed_access: WRITE_FILE | if abi >= 3 { TRUNCATE } else { 0 },
-            parent_fd: fd,
-        };
-        // SAFETY: beneath is a valid path-beneath attribute; fd is open.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_landlock_add_rule,
-                ruleset,
-                RULE_PATH_BENEATH,
-                &beneath as *const PathBeneathAttr,
-                0u32,
-            )
-        };
-        let err = std::io::Error::last_os_error();
-        // SAFETY: fd was opened above and is closed once.
-        unsafe { libc::close(fd) };
-        if rc != 0 {
-            return Err(format!("cannot allow writes to {}: {err}", path.display()));
-        }
+        // Absent here (e.g. no iptables-legacy lock): nothing to allow.
+        let Ok(fd) = PathFd::new(path) else { continue };
+        let rule = PathBeneath::new(fd, AccessFs::WriteFile | AccessFs::Truncate);
+        ruleset = ruleset
+            .add_rule(rule)
+            .map_err(|e| format!("cannot allow writes to {}: {e}", path.display()))?;
         writable.push(path.display().to_string());
     }
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(os_error("cannot set no_new_privs"));
+    let status = ruleset
+        .restrict_self()
+        .map_err(|e| format!("cannot confine file-system writes: {e}"))?;
+    match status.landlock {
+        LandlockStatus::Available {
+            effective_abi,
+            kernel_abi,
+        } if status.ruleset != RulesetStatus::NotEnforced => Ok(Confined {
+            abi: kernel_abi.map_or(effective_abi as i64, i64::from),
+            writable,
+        }),
+        _ => Err("cannot confine file-system writes".to_string()),
     }
-    // SAFETY: ruleset is a Landlock ruleset descriptor.
-    if unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) } != 0 {
-        return Err(os_error("cannot confine file-system writes"));
-    }
-    Ok(Confined { abi, writable })
-}
-
-/// `what`, then the error of the system call that just failed.
-fn os_error(what: &str) -> String {
-    format!("{what}: {}", std::io::Error::last_os_error())
 }
 
 #[cfg(test)]

@@ -15,25 +15,16 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::errno::Errno;
+use nix::libc::{
+    self, AF_INET, AF_INET6, IFA_ADDRESS, IFA_F_NODAD, IFA_LOCAL, NLM_F_ACK, NLM_F_CREATE,
+    NLM_F_EXCL, NLM_F_REQUEST, RTM_DELADDR, RTM_NEWADDR, c_int,
+};
 use nix::sys::socket::{
     self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
 };
 
-const RTM_NEWADDR: u16 = 20;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
-const IFA_F_NODAD: u8 = 0x02;
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
-
 /// The loopback interface, which LocalDNS never deletes.
 pub const LOOPBACK: &str = "lo";
-
-const RTM_DELADDR: u16 = 21;
 
 /// What [`claim_on_loopback`] found and did, for the start-up log.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -141,8 +132,6 @@ struct Netlink {
 /// groups RTMGRP_IPV4_IFADDR and RTMGRP_IPV6_IFADDR), on a non-blocking socket: readable whenever
 /// one came. What they say is not parsed; the reader looks at the addresses it cares about.
 pub fn address_changes() -> nix::Result<OwnedFd> {
-    const RTMGRP_IPV4_IFADDR: u32 = 0x10;
-    const RTMGRP_IPV6_IFADDR: u32 = 0x100;
     let fd = socket::socket(
         AddressFamily::Netlink,
         SockType::Raw,
@@ -151,7 +140,10 @@ pub fn address_changes() -> nix::Result<OwnedFd> {
     )?;
     socket::bind(
         fd.as_raw_fd(),
-        &NetlinkAddr::new(0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR),
+        &NetlinkAddr::new(
+            0,
+            (libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32,
+        ),
     )?;
     Ok(fd)
 }
@@ -181,7 +173,7 @@ impl Netlink {
     }
 
     /// Sends one request and returns the kernel's verdict from its acknowledgement.
-    fn request(&self, kind: u16, flags: u16, payload: &[u8]) -> nix::Result<()> {
+    fn request(&self, kind: u16, flags: c_int, payload: &[u8]) -> nix::Result<()> {
         const SEQ: u32 = 1;
         let mut msg = Vec::with_capacity(16 + payload.len());
         push_header(
@@ -211,16 +203,13 @@ impl Netlink {
 }
 
 /// Appends a netlink message header (nlmsghdr) for a payload of `payload` bytes.
-pub fn push_header(m: &mut Vec<u8>, payload: usize, ty: u16, flags: u16, seq: u32) {
+pub fn push_header(m: &mut Vec<u8>, payload: usize, ty: u16, flags: c_int, seq: u32) {
     m.extend_from_slice(&((16 + payload) as u32).to_ne_bytes());
     m.extend_from_slice(&ty.to_ne_bytes());
-    m.extend_from_slice(&flags.to_ne_bytes());
+    m.extend_from_slice(&(flags as u16).to_ne_bytes());
     m.extend_from_slice(&seq.to_ne_bytes());
     m.extend_from_slice(&0u32.to_ne_bytes());
 }
-
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
 
 /// One netlink message of what a `recv` read.
 pub struct Message<'a> {
@@ -232,7 +221,10 @@ pub struct Message<'a> {
 impl Message<'_> {
     /// An NLMSG_ERROR's code: 0 for an acknowledgement, else a negative errno.
     pub fn error(&self) -> Option<i32> {
-        let code = self.payload.get(..4).filter(|_| self.ty == NLMSG_ERROR)?;
+        let code = self
+            .payload
+            .get(..4)
+            .filter(|_| self.ty == libc::NLMSG_ERROR as u16)?;
         Some(i32::from_ne_bytes(code.try_into().expect("4 bytes")))
     }
 }
@@ -263,9 +255,9 @@ pub fn messages(buf: &[u8]) -> impl Iterator<Item = Result<Message<'_>, Errno>> 
 /// An ifaddrmsg for `addr` as a host address on interface `index`.
 fn address_msg(index: u32, addr: IpAddr) -> Vec<u8> {
     let (family, prefix, bytes, flags) = match addr {
-        IpAddr::V4(a) => (AF_INET, 32, a.octets().to_vec(), 0),
+        IpAddr::V4(a) => (AF_INET as u8, 32, a.octets().to_vec(), 0),
         // No duplicate address detection: the address is ours alone and must work at once.
-        IpAddr::V6(a) => (AF_INET6, 128, a.octets().to_vec(), IFA_F_NODAD),
+        IpAddr::V6(a) => (AF_INET6 as u8, 128, a.octets().to_vec(), IFA_F_NODAD as u8),
     };
     let mut msg = vec![family, prefix, flags, 0];
     msg.extend_from_slice(&index.to_ne_bytes());
@@ -298,13 +290,13 @@ mod tests {
     #[test]
     fn address_messages_carry_a_host_prefix() {
         let v4 = address_msg(1, "169.254.10.10".parse().unwrap());
-        assert_eq!(&v4[..4], &[AF_INET, 32, 0, 0]);
+        assert_eq!(&v4[..4], &[AF_INET as u8, 32, 0, 0]);
         assert_eq!(&v4[4..8], &1u32.to_ne_bytes());
         // IFA_LOCAL then IFA_ADDRESS, 4 + 4 bytes each.
         assert_eq!(v4.len(), 8 + 2 * 8);
         assert!(v4.windows(4).any(|w| w == [169, 254, 10, 10]));
         let v6 = address_msg(1, "fd00::a".parse().unwrap());
-        assert_eq!(&v6[..4], &[AF_INET6, 128, IFA_F_NODAD, 0]);
+        assert_eq!(&v6[..4], &[AF_INET6 as u8, 128, IFA_F_NODAD as u8, 0]);
         assert_eq!(v6.len(), 8 + 2 * 20);
     }
 }

@@ -152,26 +152,13 @@ fn idle_timeout_at(idle: Duration, used: usize, cap: usize) -> Duration {
 /// limit); `others` descriptors are kept for everything else (upstream sockets, TCP connections
 /// to upstreams, the listeners, the runtime).
 pub fn connection_cap(configured: usize, others: usize) -> usize {
-    let mut lim = nix::libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((mut limit, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return configured;
     };
-    // SAFETY: getrlimit/setrlimit read and write the struct we pass.
-    let limit = unsafe {
-        if nix::libc::getrlimit(nix::libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return configured;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = nix::libc::rlimit {
-                rlim_cur: lim.rlim_max.min(1 << 20),
-                rlim_max: lim.rlim_max,
-            };
-            if nix::libc::setrlimit(nix::libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim.rlim_cur = raised.rlim_cur;
-            }
-        }
-        lim.rlim_cur
-    };
+    if limit < hard && setrlimit(Resource::RLIMIT_NOFILE, hard.min(1 << 20), hard).is_ok() {
+        limit = hard.min(1 << 20);
+    }
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let cap = budget(configured, limit, others);
     if cap < configured {

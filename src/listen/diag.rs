@@ -12,6 +12,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use nix::libc;
 use nix::sys::socket::{
     self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
 };
@@ -26,7 +27,7 @@ use crate::flows::Owners;
 /// A member of a port's SO_REUSEPORT group: its inode and what waits unread in it (a UDP
 /// socket's receive queue in bytes, a TCP listener's accept queue in connections).
 pub use crate::flows::Queue as Member;
-use crate::link::{self, NLMSG_DONE};
+use crate::link;
 
 /// A member of a group on one port: local address, member, and the id of the cgroup (v2) of
 /// the process that made the socket.
@@ -64,9 +65,8 @@ const DUMP_EVERY: u32 = 40;
 const KEY_TRIES: u16 = 128;
 const KEYS_AT_ONCE: u16 = 32;
 
+// Not in libc (linux/sock_diag.h, linux/inet_diag.h, the kernel's TCP states).
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
 const INET_DIAG_REQ_BYTECODE: u16 = 1;
 const INET_DIAG_BC_S_COND: u8 = 7;
 /// An unconnected UDP socket is in TCP_CLOSE; a connected one (a client) is no member.
@@ -288,7 +288,7 @@ impl Diag {
                 if let Some(code) = m.error() {
                     return Err(io::Error::from_raw_os_error(-code));
                 }
-                if m.ty == NLMSG_DONE {
+                if m.ty == libc::NLMSG_DONE as u16 {
                     return Ok(members);
                 }
                 members.extend(member(m.payload));
@@ -307,21 +307,17 @@ pub fn group_members(addr: SocketAddr, proto: Proto) -> io::Result<Vec<u64>> {
 /// socket id `id` (sport, dport, src, dst, interface, cookie); `more` bytes follow.
 fn push_request(
     m: &mut Vec<u8>,
-    (flags, seq): (u16, u32),
+    (flags, seq): (libc::c_int, u32),
     v6: bool,
     proto: Proto,
     states: u32,
     id: &[u8; 48],
     more: usize,
 ) {
-    let family = if v6 {
-        nix::libc::AF_INET6
-    } else {
-        nix::libc::AF_INET
-    } as u8;
+    let family = if v6 { libc::AF_INET6 } else { libc::AF_INET } as u8;
     let protocol = match proto {
-        Proto::Udp => nix::libc::IPPROTO_UDP,
-        Proto::Tcp => nix::libc::IPPROTO_TCP,
+        Proto::Udp => libc::IPPROTO_UDP,
+        Proto::Tcp => libc::IPPROTO_TCP,
     } as u8;
     link::push_header(m, 56 + more, SOCK_DIAG_BY_FAMILY, flags, seq);
     m.extend_from_slice(&[family, protocol, 0, 0]);
@@ -339,7 +335,7 @@ fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
     let mut m = Vec::with_capacity(16 + 56 + 16);
     push_request(
         &mut m,
-        (NLM_F_REQUEST | NLM_F_DUMP, 0),
+        (libc::NLM_F_REQUEST | libc::NLM_F_DUMP, 0),
         v6,
         proto,
         1 << state,
@@ -380,7 +376,7 @@ fn one_request(m: &mut Vec<u8>, (addr, proto): (SocketAddr, Proto), key: u16, se
     id[40..].copy_from_slice(&[0xff; 8]);
     push_request(
         m,
-        (NLM_F_REQUEST, seq),
+        (libc::NLM_F_REQUEST, seq),
         addr.is_ipv6(),
         proto,
         u32::MAX,
@@ -399,7 +395,7 @@ fn member(msg: &[u8]) -> Option<Entry> {
         return None;
     }
     let u32_at = |at: usize| u32::from_ne_bytes(msg[at..at + 4].try_into().expect("4"));
-    let ip = if msg[0] == nix::libc::AF_INET6 as u8 {
+    let ip = if msg[0] == libc::AF_INET6 as u8 {
         IpAddr::from(<[u8; 16]>::try_from(&msg[8..24]).expect("16"))
     } else {
         IpAddr::from(<[u8; 4]>::try_from(&msg[8..12]).expect("4"))
@@ -493,7 +489,7 @@ mod tests {
         let r = request(53, false, Proto::Tcp);
         assert_eq!(r.len(), 88);
         assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 88);
-        assert_eq!(r[16..18], [nix::libc::AF_INET as u8, 6]);
+        assert_eq!(r[16..18], [libc::AF_INET as u8, 6]);
         assert_eq!(u32::from_ne_bytes(r[20..24].try_into().unwrap()), 1 << 10);
         assert_eq!(i32::from_ne_bytes(r[84..88].try_into().unwrap()), 53);
     }

@@ -6,6 +6,10 @@ use std::io;
 use std::net::SocketAddr;
 
 use super::diag::{Diag, Looked, Proto, group_members};
+use nix::libc::{
+    self, BPF_A, BPF_ABS, BPF_ADD, BPF_ALU, BPF_B, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD,
+    BPF_LEN, BPF_MOD, BPF_RET, BPF_W, SKF_AD_OFF,
+};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// Our place in the SO_REUSEPORT groups of one listener address (UDP and TCP have a group each).
@@ -306,25 +310,25 @@ impl Slot {
 }
 
 /// Classic BPF opcodes (linux/filter.h) and the ancillary offset of a random number.
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_ALU_MOD_K: u16 = 0x94;
-const BPF_ALU_ADD_K: u16 = 0x04;
-const BPF_JMP_JGE_K: u16 = 0x35;
-const BPF_RET_K: u16 = 0x06;
-const BPF_RET_A: u16 = 0x16;
-const SKF_AD_RANDOM: u32 = (-0x1000i32 + 56) as u32;
+const BPF_LD_W_ABS: u16 = (BPF_LD | BPF_W | BPF_ABS) as u16;
+const BPF_ALU_MOD_K: u16 = (BPF_ALU | BPF_MOD | BPF_K) as u16;
+const BPF_ALU_ADD_K: u16 = (BPF_ALU | BPF_ADD | BPF_K) as u16;
+const BPF_JMP_JGE_K: u16 = (BPF_JMP | BPF_JGE | BPF_K) as u16;
+const BPF_RET_K: u16 = (BPF_RET | BPF_K) as u16;
+const BPF_RET_A: u16 = (BPF_RET | BPF_A) as u16;
+const SKF_AD_RANDOM: u32 = (SKF_AD_OFF + libc::SKF_AD_RANDOM) as u32;
 
-fn insn(code: u16, jt: u8, jf: u8, k: u32) -> nix::libc::sock_filter {
-    nix::libc::sock_filter { code, jt, jf, k }
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
 }
 
 /// A program that puts every flow on the member at `slot`.
-fn program_to(slot: u32) -> Vec<nix::libc::sock_filter> {
+fn program_to(slot: u32) -> Vec<libc::sock_filter> {
     vec![insn(BPF_RET_K, 0, 0, slot)]
 }
 
 /// A program that spreads flows at random over the `members` of a group except the one at `ours`.
-fn program_away(ours: u32, members: u32) -> Vec<nix::libc::sock_filter> {
+fn program_away(ours: u32, members: u32) -> Vec<libc::sock_filter> {
     debug_assert!(members > 1 && ours < members);
     vec![
         insn(BPF_LD_W_ABS, 0, 0, SKF_AD_RANDOM), // A = a random number
@@ -338,14 +342,14 @@ fn program_away(ours: u32, members: u32) -> Vec<nix::libc::sock_filter> {
 /// LocalDNS's probe name as the question of a query: the DNS header (12 bytes) and then the name
 /// in lower-case wire form, as LocalDNS's own probe and ours send it.
 const PROBE_QUESTION_END: u32 = 12 + crate::engine::route::HEALTH_CHECK.len() as u32;
-const BPF_LD_W_LEN: u16 = 0x80;
-const BPF_LD_B_ABS: u16 = 0x30;
-const BPF_JMP_JEQ_K: u16 = 0x15;
+const BPF_LD_W_LEN: u16 = (BPF_LD | BPF_W | BPF_LEN) as u16;
+const BPF_LD_B_ABS: u16 = (BPF_LD | BPF_B | BPF_ABS) as u16;
+const BPF_JMP_JEQ_K: u16 = (BPF_JMP | BPF_JEQ | BPF_K) as u16;
 
 /// A program that puts every flow on the member at `ours`, except queries for LocalDNS's probe
 /// name, which go to any other member (a UDP program sees the datagram's payload from offset 0).
 /// With no other member they come to us too; the relay drops our own probes then.
-fn program_to_except_probes(ours: u32, members: u32) -> Vec<nix::libc::sock_filter> {
+fn program_to_except_probes(ours: u32, members: u32) -> Vec<libc::sock_filter> {
     let name = crate::engine::route::HEALTH_CHECK;
     // Each check jumps to the last instruction (`ret ours`) on a mismatch; jf is filled in below.
     let mut p = vec![
@@ -387,26 +391,17 @@ fn away_pick(ours: u32, members: u32, random: u32) -> u32 {
     if a >= ours { a + 1 } else { a }
 }
 
-fn attach(fd: BorrowedFd<'_>, program: &[nix::libc::sock_filter]) -> io::Result<()> {
-    let prog = nix::libc::sock_fprog {
+fn attach(fd: BorrowedFd<'_>, program: &[libc::sock_filter]) -> io::Result<()> {
+    // The kernel copies the program during the call.
+    let prog = libc::sock_fprog {
         len: program.len() as u16,
-        filter: program.as_ptr() as *mut _,
+        filter: program.as_ptr().cast_mut(),
     };
-    // SAFETY: the kernel copies the program during the call; both outlive it.
-    let rc = unsafe {
-        nix::libc::setsockopt(
-            fd.as_raw_fd(),
-            nix::libc::SOL_SOCKET,
-            nix::libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&prog as *const nix::libc::sock_fprog).cast(),
-            std::mem::size_of::<nix::libc::sock_fprog>() as nix::libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    Ok(nix::sys::socket::setsockopt(
+        &fd,
+        nix::sys::socket::sockopt::AttachReusePortCbpf,
+        &prog,
+    )?)
 }
 
 /// Who gets new flows from the instant our sockets join their groups.
@@ -454,21 +449,21 @@ pub fn steer_away(fd: BorrowedFd<'_>, ours: u32, members: u32) -> io::Result<()>
 
 /// Removes the steering program from `fd`'s group; a group without one is left as it is.
 pub fn unsteer(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let zero: nix::libc::c_int = 0;
+    let zero: libc::c_int = 0;
     // SAFETY: a plain setsockopt with an int the kernel ignores.
     let rc = unsafe {
-        nix::libc::setsockopt(
+        libc::setsockopt(
             fd.as_raw_fd(),
-            nix::libc::SOL_SOCKET,
-            nix::libc::SO_DETACH_REUSEPORT_BPF,
-            (&zero as *const nix::libc::c_int).cast(),
-            std::mem::size_of::<nix::libc::c_int>() as nix::libc::socklen_t,
+            libc::SOL_SOCKET,
+            libc::SO_DETACH_REUSEPORT_BPF,
+            (&zero as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     match rc {
         0 => Ok(()),
         _ => match io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(nix::libc::ENOENT) => Ok(()),
+            e if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             e => Err(e),
         },
     }
@@ -515,7 +510,7 @@ mod tests {
 
     /// The classic BPF the programs above use, run as the kernel runs a reuseport program over a
     /// UDP payload; a load past the end ends the program with 0, as the kernel's does.
-    fn run(program: &[nix::libc::sock_filter], packet: &[u8], random: u32) -> u32 {
+    fn run(program: &[libc::sock_filter], packet: &[u8], random: u32) -> u32 {
         let (mut a, mut pc) = (0u32, 0usize);
         loop {
             let i = program[pc];

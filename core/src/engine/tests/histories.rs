@@ -1865,8 +1865,9 @@ fn silent(h: &History, idx: &Index, server: usize, t: u64, step: usize, strict: 
     let after = |sent_at: u64| last_reply.is_none_or(|r| sent_at > r) && sent_at >= since;
     // (sent, judged, name): None for a refusal, which is about the server, not a name.
     let mut evidence: Vec<(u64, u64, Option<usize>)> = Vec::new();
-    // The engine takes the latest judgment of any unanswered try, one sent before the last
-    // reply too (see the report of issue 35): allowed, not required.
+    // The engine dates a server's silence from the latest judgment of any unanswered try, one
+    // sent before the last reply too: a fast SERVFAIL within a second of it is allowed, not
+    // required.
     let mut latest_any = 0;
     for s in idx.sent_by_server[server].iter().map(|&k| &h.sent[k]) {
         let judged = s.at + h.try_time;
