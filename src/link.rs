@@ -67,13 +67,17 @@ pub fn release_from_loopback(addrs: &[IpAddr]) -> Result<(), String> {
 /// The interfaces (by index) that carry each of `addrs`, from one dump of the host's addresses:
 /// an address on none is missing from the answer.
 pub fn interfaces_of(addrs: &[IpAddr]) -> Result<Vec<(IpAddr, u32)>, String> {
-    const RTM_GETADDR: u16 = 22;
-    const NLM_F_DUMP: u16 = 0x300;
     const SEQ: u32 = 2;
     let nl = Netlink::open().map_err(|e| format!("cannot open a netlink socket: {e}"))?;
     let mut msg = Vec::with_capacity(24);
     // An ifaddrmsg of family AF_UNSPEC: every family.
-    push_header(&mut msg, 8, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, SEQ);
+    push_header(
+        &mut msg,
+        8,
+        libc::RTM_GETADDR,
+        NLM_F_REQUEST | libc::NLM_F_DUMP,
+        SEQ,
+    );
     msg.extend_from_slice(&[0; 8]);
     let fd = nl.fd.as_raw_fd();
     socket::send(fd, &msg, MsgFlags::empty())
@@ -87,8 +91,10 @@ pub fn interfaces_of(addrs: &[IpAddr]) -> Result<Vec<(IpAddr, u32)>, String> {
             let m = m.map_err(|e| format!("cannot read the addresses: {e}"))?;
             match m.ty {
                 _ if m.seq != SEQ => {}
-                NLMSG_DONE => return Ok(found),
-                NLMSG_ERROR => return Err(format!("the address dump failed: {:?}", m.error())),
+                _ if m.ty == libc::NLMSG_DONE as u16 => return Ok(found),
+                _ if m.error().is_some() => {
+                    return Err(format!("the address dump failed: {:?}", m.error()));
+                }
                 RTM_NEWADDR if m.payload.len() >= 8 => {
                     let index = u32::from_ne_bytes(m.payload[4..8].try_into().expect("4 bytes"));
                     // IFA_LOCAL is the address itself where it differs from IFA_ADDRESS (the
