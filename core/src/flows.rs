@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 /// How often the probe is asked. Two silent rounds take the flows within half a second.
 pub const PROBE_EVERY: Duration = Duration::from_millis(120);
-/// Rounds in a row that decide: two silent ones take the flows, two answered ones give them back
-/// (one lost reply under load moves nothing).
+/// Rounds in a row that decide: two silent ones take the flows (one lost reply under load moves
+/// nothing); two answered ones are the least proof that gives them back (see [`Flows::proof`]).
 pub const ROUNDS_TO_ACT: u32 = 2;
 /// How often the kernel's view is read while LocalDNS holds the flows and its queues were empty
 /// at the last look: a query left unread is seen at most this late. Each look wakes the standby

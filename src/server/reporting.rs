@@ -94,6 +94,10 @@ async fn report_status(
                 let now = counters.totals();
                 minute = now.since(last);
                 last = now;
+                // A standby aside answers nothing: its minutes are not worth a line.
+                if counters.takeovers.holding().is_none() && minute.answers == 0 {
+                    continue;
+                }
                 tracing::info!(
                     answers = minute.answers,
                     servfail = minute.servfail,

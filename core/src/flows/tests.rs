@@ -113,8 +113,12 @@ struct World {
     take_due: bool,
     /// The round that completes the proof ended: a hand-back is due.
     hand_back_due: bool,
-    /// The inodes the last look reported, and those it reported before the last take.
+    /// LocalDNS's TCP listeners join their groups from then on (it binds UDP first).
+    tcp_at: Option<Instant>,
+    /// The inodes the last look reported, whether it found a LocalDNS socket in every group, and
+    /// the inodes it reported before the last take.
     view: Vec<u64>,
+    view_complete: bool,
     view_at_take: Vec<u64>,
     last_hand_back: Option<Instant>,
     recurrences: u32,
@@ -282,6 +286,7 @@ impl World {
             self.stale.get_or_insert(self.now);
             if keep == 0 {
                 self.no_socket_since = Some(self.now);
+                self.tcp_at = None;
             }
         }
     }
@@ -416,8 +421,8 @@ impl World {
         if !self.addresses {
             return Err("handed back while LocalDNS's link does not carry the addresses".into());
         }
-        if self.view.is_empty() {
-            return Err("handed back to a LocalDNS with no socket in the groups".into());
+        if !self.view_complete {
+            return Err("handed back to a LocalDNS without a socket in every group".into());
         }
         let proof = self.proof();
         if self.answered_since_take < proof {
@@ -523,7 +528,9 @@ impl World {
                     }
                     self.view = view.iter().map(|q| q.inode).collect();
                     self.last_look_at = now;
-                    let complete = !self.sockets.is_empty();
+                    let complete =
+                        !self.sockets.is_empty() && self.tcp_at.is_some_and(|t| now >= t);
+                    self.view_complete = complete;
                     if TRACE.with(|t| *t) {
                         eprintln!("{:?} look {view:?}", self.now - self.phase_since);
                     }
@@ -668,7 +675,7 @@ impl World {
             self.hand_back_due = self.target == Holder::Standby
                 && answered
                 && self.addresses
-                && !self.view.is_empty()
+                && self.view_complete
                 && self.answered_since_take >= self.proof();
             self.flows.asked(self.now, answered);
         }
@@ -738,6 +745,7 @@ impl World {
                 for _ in 0..n {
                     self.new_socket();
                 }
+                self.tcp_at = Some(self.now);
                 self.observe();
             }
             Phase::Serving if r < 0.39 => self.fault(Phase::Mute),
@@ -777,6 +785,7 @@ impl World {
                     self.close_sockets(keep);
                 } else {
                     self.new_socket();
+                    self.tcp_at.get_or_insert(self.now);
                 }
                 self.observe();
             }
@@ -797,6 +806,7 @@ impl World {
                 }
                 let slow = if self.rng.random_bool(0.2) { 2000 } else { 20 };
                 let reads_at = self.now + d(&mut self.rng, 0, slow);
+                self.tcp_at = Some(reads_at + d(&mut self.rng, 0, 400));
                 self.set_phase(Phase::Starting { reads_at });
             }
             Phase::Starting { .. } if r < 0.3 => {
@@ -870,7 +880,9 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         answered_since_take: 0,
         take_due: false,
         hand_back_due: false,
+        tcp_at: Some(start),
         view: Vec::new(),
+        view_complete: false,
         view_at_take: Vec::new(),
         last_hand_back: None,
         recurrences: 0,
@@ -897,6 +909,9 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         paused: false,
         rng,
     };
+    if !serving_at_start {
+        w.tcp_at = None;
+    }
     if serving_at_start {
         let n = w.rng.random_range(1..=4);
         for _ in 0..n {
