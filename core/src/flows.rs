@@ -252,14 +252,14 @@ impl Flows {
         }
         if look {
             self.look_due = self.next_look;
-            let queued: u64 = self.watched.iter().map(|w| u64::from(w.queued)).sum();
-            let busy = queued > 0;
+            let busy = self.watched.iter().any(|w| w.queued > 0);
             // Idle looks keep to a grid, not to when the last one ran, so that a wake late by
-            // its scheduling does not drift them away from the probe's rounds.
-            self.next_look = match self.holder {
-                Holder::LocalDns if busy => now + LOOK_BUSY * (1 + (queued % 3) as u32),
-                _ if self.next_look + LOOK_EVERY > now => self.next_look + LOOK_EVERY,
-                _ => now + LOOK_EVERY,
+            // its scheduling does not drift them away from the probe's rounds. A look that finds
+            // a queue brings the next one sooner (`looked`).
+            self.next_look = if self.next_look + LOOK_EVERY > now {
+                self.next_look + LOOK_EVERY
+            } else {
+                now + LOOK_EVERY
             };
             self.looks = self.looks.wrapping_add(1);
             let tcp = busy || self.looks % TCP_EVERY_LOOKS == 1;
@@ -320,7 +320,6 @@ impl Flows {
         self.holder = Holder::LocalDns;
         self.taken_for = None;
         self.handed_back_at = Some(now);
-        self.watched.clear();
         self.next_look = now;
         self.out.push_back(Out::HandBack);
     }

@@ -41,6 +41,12 @@ const QUEUE_BOUND: Duration = UNREAD_FOR
     .saturating_add(LOOK_EVERY)
     .saturating_add(LOOK_BUSY.saturating_mul(3))
     .saturating_add(MS);
+/// A stopped LocalDNS (SIGSTOP) whose owners the shell can see: seen a look late, asked after
+/// `STOPPED_FOR`, found at a busy look.
+const STOPPED_BOUND: Duration = LOOK_EVERY
+    .saturating_add(STOPPED_FOR)
+    .saturating_add(LOOK_BUSY.saturating_mul(3))
+    .saturating_add(MS);
 /// After a resume, a round asked during the silence may still end silent.
 const GRACE: Duration = WAIT.saturating_add(LOOK_EVERY).saturating_add(MS);
 /// The longest a healthy socket's queue stays non-empty and growing (what `tests/unread.rs`
@@ -630,7 +636,11 @@ impl World {
         let (bound, from) = match self.first_unread {
             // A stall that began during a rest is timed from its end.
             Some(first) if !resting && self.addresses => {
-                (QUEUE_BOUND, self.rest_until.map_or(first, |r| r.max(first)))
+                let bound = match self.phase {
+                    Phase::Hung if self.stopped && !self.blind => STOPPED_BOUND,
+                    _ => QUEUE_BOUND,
+                };
+                (bound, self.rest_until.map_or(first, |r| r.max(first)))
             }
             _ => (PROBE_BOUND, since),
         };
