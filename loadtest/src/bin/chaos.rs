@@ -760,7 +760,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() {
-    let args = parse_args().unwrap_or_else(|e| {
+    let mut args = parse_args().unwrap_or_else(|e| {
         eprintln!("chaos: {e}");
         std::process::exit(2)
     });
@@ -770,6 +770,8 @@ fn main() {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     std::fs::create_dir_all(&args.out).unwrap();
+    // knot reads paths in its config from its rundir: absolute ones only.
+    args.out = std::fs::canonicalize(&args.out).unwrap();
     let font =
         std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").unwrap_or_else(|e| {
             panic!("DejaVuSans.ttf (Debian's fonts-dejavu-core) for the picture's text: {e}")
@@ -1002,6 +1004,9 @@ fn report(
     let mut timeline = vec![Tally::default(); n_buckets];
     let mut per_event = vec![Tally::default(); events.len()];
     let mut outside = Tally::default();
+    // After each fault's end: the first query LocalDNS answered, and the last it did not.
+    let mut first_back = vec![f64::NAN; events.len()];
+    let mut all_back = vec![0.0f64; events.len()];
     for i in 0..sent {
         let t = ledger.sent_us[i].load(Ordering::Relaxed) as f64 / 1e6 - l0.as_secs_f64();
         let (by, lat) = (
@@ -1011,7 +1016,17 @@ fn report(
         let b = ((t / BUCKET.as_secs_f64()).max(0.0) as usize).min(n_buckets - 1);
         timeline[b].add(by, lat);
         match event_of(t) {
-            Some(e) => per_event[e].add(by, lat),
+            Some(e) => {
+                per_event[e].add(by, lat);
+                let since = t - secs(events[e].end);
+                let localdns = by == BY_LOCALDNS && u64::from(lat) <= LATE.as_micros() as u64;
+                if since >= 0.0 && localdns && (first_back[e].is_nan() || since < first_back[e]) {
+                    first_back[e] = since;
+                }
+                if since >= 0.0 && !localdns {
+                    all_back[e] = all_back[e].max(since);
+                }
+            }
             None => outside.add(by, lat),
         }
     }
@@ -1049,13 +1064,14 @@ fn report(
     }
     std::fs::write(args.out.join("timeline.csv"), csv).unwrap();
     let mut csv = String::from(
-        "kind,start_s,end_s,detail,takes,allowed_takes,handbacks,localdns,standby,late,lost\n",
+        "kind,start_s,end_s,detail,takes,allowed_takes,handbacks,localdns,standby,late,lost,\
+         localdns_first_s,localdns_all_s\n",
     );
     for (i, e) in events.iter().enumerate() {
         let p = per_event[i];
         let _ = writeln!(
             csv,
-            "{},{:.3},{:.3},{},{},{},{},{},{},{},{}",
+            "{},{:.3},{:.3},{},{},{},{},{},{},{},{},{:.3},{:.3}",
             e.kind.name(),
             secs(e.start),
             secs(e.end),
@@ -1066,7 +1082,9 @@ fn report(
             p.localdns,
             p.standby,
             p.late,
-            p.lost
+            p.lost,
+            first_back[i],
+            all_back[i]
         );
     }
     std::fs::write(args.out.join("events.csv"), csv).unwrap();
@@ -1134,16 +1152,21 @@ fn report(
             sum(&|i| per_event[i].late),
             sum(&|i| per_event[i].standby),
         );
+        let back = idx.iter().map(|&i| all_back[i]).fold(0.0, f64::max);
+        let first = idx.iter().map(|&i| first_back[i]).fold(0.0, f64::max);
         let _ = write!(
             per_kind,
-            "{}{} x{}: {t} takes, {b} hand-backs, {lost} lost, {late} late, {sb} by the standby",
+            "{}{} x{}: {t} takes, {b} hand-backs, {lost} lost, {late} late, {sb} by the standby, \
+             LocalDNS's first answer {first:.2} s and every answer {back:.2} s after the end \
+             (worst)",
             if per_kind.is_empty() { "" } else { "; " },
             k.name(),
             idx.len()
         );
         kinds_json.push(
             serde_json::json!({"kind": k.name(), "events": idx.len(), "takes": t, "handbacks": b,
-            "lost": lost, "late": late, "standby": sb}),
+            "lost": lost, "late": late, "standby": sb, "localdns_first_s": first,
+            "localdns_all_s": back}),
         );
     }
     let pass = takes <= allowed
@@ -1165,7 +1188,7 @@ fn report(
          {takes_outside} takes outside the events; outside the events {} lost, {} late, {} \
          answered by the standby (of {}); {per_kind}; standby RSS {:.1}-{:.1} MiB, fds {f0}-{f1}, \
          threads {h0}-{h1}, CPU {cpu_mean:.2} % of a core on average: {}; the machine {busy:.0} % \
-         busy",
+         busy{}",
         if pass { "PASS" } else { "FAIL" },
         outside.lost,
         outside.late,
@@ -1173,7 +1196,14 @@ fn report(
         outside.localdns + outside.standby + outside.late + outside.lost,
         r0 as f64 / 1024.0,
         r1 as f64 / 1024.0,
-        if flat { "flat" } else { "NOT flat" }
+        if flat { "flat" } else { "NOT flat" },
+        // The run itself takes about a fifth of one core; more is other work, which starves knot
+        // (to the standby, a starved LocalDNS) and the pods' client.
+        if busy > 60.0 {
+            " (DISTURBED: other work shared the CPUs; rerun on a quiet machine)"
+        } else {
+            ""
+        }
     );
     let metric_takes: f64 = final_metrics
         .lines()
