@@ -47,8 +47,10 @@ const AFTERMATH: Duration = Duration::from_secs(8);
 const KNOT_ANSWER: [u8; 4] = [192, 0, 2, 1];
 
 static STOP: AtomicBool = AtomicBool::new(false);
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
     STOP.store(true, Ordering::Relaxed);
 }
 
@@ -1183,13 +1185,18 @@ fn report(
     let (f0, f1) = range(fds);
     let (h0, h1) = range(threads);
     let verdict = format!(
-        "VERDICT {}: {takes} takeovers for {faults} faults ({allowed} allowed: one each, one per \
+        "VERDICT {}{}: {takes} takeovers for {faults} faults ({allowed} allowed: one each, one per \
          crash of a storm, none for the standby's own restarts), {handbacks} hand-backs, \
          {takes_outside} takes outside the events; outside the events {} lost, {} late, {} \
          answered by the standby (of {}); {per_kind}; standby RSS {:.1}-{:.1} MiB, fds {f0}-{f1}, \
          threads {h0}-{h1}, CPU {cpu_mean:.2} % of a core on average: {}; the machine {busy:.0} % \
          busy{}",
         if pass { "PASS" } else { "FAIL" },
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            " (interrupted)"
+        } else {
+            ""
+        },
         outside.lost,
         outside.late,
         outside.standby,
@@ -1424,4 +1431,37 @@ fn picture(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_is_found_by_its_name() {
+        let name = dns::encode_name("c2250000.load.test").unwrap();
+        assert_eq!(seq_of(&name), Some(2_250_000));
+        assert_eq!(seq_of(&dns::encode_name("ready.load.test").unwrap()), None);
+    }
+
+    #[test]
+    fn an_answer_counts_once_by_who_gave_it_and_when() {
+        let mut t = Tally::default();
+        t.add(BY_LOCALDNS, 900);
+        t.add(BY_STANDBY, 1_000_000);
+        t.add(BY_LOCALDNS, 1_000_001);
+        t.add(BY_NONE, 0);
+        t.add(BY_OTHER, u32::MAX);
+        assert_eq!((t.localdns, t.standby, t.late, t.lost), (1, 1, 1, 2));
+    }
+
+    #[test]
+    fn a_seed_gives_the_same_schedule() {
+        let (mut a, mut b) = (Rng(7), Rng(7));
+        for _ in 0..100 {
+            let d = a.secs(10.0, 40.0);
+            assert_eq!(d, b.secs(10.0, 40.0));
+            assert!((10.0..=40.0).contains(&d.as_secs_f64()));
+        }
+    }
 }
