@@ -18,6 +18,7 @@ pub mod netns;
 pub mod responder;
 pub mod rig;
 pub mod servers;
+pub mod standin;
 
 // Re-exports for `use common::*`; a binary that uses none of a module's items
 // would otherwise warn.
@@ -37,6 +38,8 @@ pub use responder::*;
 pub use rig::*;
 #[allow(unused_imports)]
 pub use servers::*;
+#[allow(unused_imports)]
+pub use standin::*;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
