@@ -7,6 +7,7 @@
 //! line's addresses; names are case-insensitive. Unlike it, a (name, address) pair given twice
 //! is one record, not two.
 
+use std::hash::BuildHasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::wire;
@@ -29,6 +30,9 @@ pub struct Hosts {
     by_name: Vec<Rec>,
     /// Sorted by address, then name.
     by_addr: Vec<Rec>,
+    /// A bit per name's hash, 16 bits per record: a name absent from the file (every forwarded
+    /// query's) costs a hash and one load, not a binary search (0.3-0.7 µs with 50,000 lines).
+    filter: Vec<u64>,
     /// Lines that were not blank or comments yet gave no record, or gave one past the cap.
     pub skipped: usize,
     /// When the shell read it.
@@ -73,9 +77,20 @@ impl Hosts {
         by_name.dedup_by(|a, b| (hosts.name(a), a.2) == (hosts.name(b), b.2));
         let mut by_addr = by_name.clone();
         by_addr.sort_by_key(|r| r.2);
+        hosts.filter = vec![0; (by_name.len() * 16).next_power_of_two().max(64) / 64];
+        for r in &by_name {
+            let (word, bit) = hosts.bit(hosts.name(r));
+            hosts.filter[word] |= bit;
+        }
         hosts.by_name = by_name;
         hosts.by_addr = by_addr;
         hosts
+    }
+
+    /// Where a (lower-case) name's bit is in `filter`.
+    fn bit(&self, name: &[u8]) -> (usize, u64) {
+        let h = foldhash::fast::FixedState::with_seed(0).hash_one(name) as usize;
+        ((h >> 6) % self.filter.len().max(1), 1 << (h & 63))
     }
 
     fn name(&self, r: &Rec) -> &[u8] {
@@ -97,7 +112,13 @@ impl Hosts {
         let key = &mut lower[..name.len().min(256)];
         key.copy_from_slice(&name[..key.len()]);
         key.make_ascii_lowercase();
-        let from = self.by_name.partition_point(|r| self.name(r) < &*key);
+        let (word, bit) = self.bit(key);
+        let absent = self.filter.get(word).is_none_or(|w| w & bit == 0);
+        let from = if absent {
+            self.by_name.len()
+        } else {
+            self.by_name.partition_point(|r| self.name(r) < &*key)
+        };
         let to = from
             + self.by_name[from..]
                 .iter()
