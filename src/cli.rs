@@ -170,6 +170,9 @@ pub static FLAGS: &[Flag] = &[
     flag!("--dhcp-leases", "DIR", "systemd-networkd's DHCP leases: the VNet DNS while --resolv-conf lists none; none turns them off",
         |c, v| Ok(c.discovery.dhcp_leases = (v != "none").then(|| v.into())),
         |c| c.discovery.dhcp_leases.as_ref().map_or("none".into(), |d| d.display().to_string())),
+    flag!("--hosts-file", "PATH", "the node's hosts file, answered as LocalDNS's hosts plugin does; none turns it off",
+        |c, v| Ok(c.discovery.hosts_file = (v != "none").then(|| v.into())),
+        |c| c.discovery.hosts_file.as_ref().map_or("none".into(), |d| d.display().to_string())),
     flag!("--discovery", "LIST", "where to look for kube-dns, in order, comma-separated, or none",
         |c, v| Ok(c.discovery.sources = Source::parse_list(v).map_err(|e| format!("--discovery: {e}"))?),
         |c| c.discovery.sources.iter().map(|s| s.name()).collect::<Vec<_>>().join(",")),
@@ -687,8 +690,13 @@ mod tests {
             d.dhcp_leases.as_deref(),
             Some(std::path::Path::new("/tmp/l"))
         );
-        let off = run(&["--dhcp-leases", "none"]).unwrap();
+        let off = run(&["--dhcp-leases", "none", "--hosts-file", "none"]).unwrap();
         assert_eq!(off.discovery.dhcp_leases, None);
+        assert_eq!(off.discovery.hosts_file, None);
+        assert_eq!(
+            run(&[]).unwrap().discovery.hosts_file.as_deref(),
+            Some(std::path::Path::new("/etc/localdns/hosts"))
+        );
         assert_eq!(
             run(&[]).unwrap().discovery.dhcp_leases.as_deref(),
             Some(std::path::Path::new("/run/systemd/netif/leases"))

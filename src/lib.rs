@@ -41,7 +41,7 @@
 //! servers and real clients, and under a real systemd.
 
 pub use localdns_fallback_core::{
-    answer, cache, engine, flows, frame, handoff, roles, stats, upstream, wire,
+    answer, cache, engine, flows, frame, handoff, hosts, roles, stats, upstream, wire,
 };
 
 pub mod cli;

@@ -130,6 +130,21 @@ const SERIES: &[Series] = &[
         samples: Samples::PerListener(|s| s.stale.load(Relaxed)),
     },
     Series {
+        name: "localdns_fallback_hosts_entries",
+        kind: "gauge",
+        help: "(name, address) records from the hosts file (--hosts-file), as CoreDNS's coredns_hosts_entries.",
+        samples: Samples::One(|s| s.sets.hosts.len() as f64),
+    },
+    Series {
+        name: "localdns_fallback_hosts_reload_timestamp_seconds",
+        kind: "gauge",
+        help: "When the hosts file was last read, since the Unix epoch; 0 for never.",
+        samples: Samples::One(|s| {
+            let read = s.sets.hosts.read_at.map(|t| t.duration_since(UNIX_EPOCH));
+            read.and_then(Result::ok).unwrap_or_default().as_secs_f64()
+        }),
+    },
+    Series {
         name: "localdns_fallback_cache_entries",
         kind: "gauge",
         help: "Answers in the cache.",

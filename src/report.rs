@@ -4,7 +4,8 @@ use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::cli::Config;
-use crate::discover::{explain, find_kube_dns, leases, resolv_conf};
+use crate::discover::{explain, find_kube_dns, hosts, leases, resolv_conf};
+use crate::hosts::Hosts;
 use crate::roles::ListenerRole;
 
 /// One group's upstreams, where they came from, and why there are none if so.
@@ -20,6 +21,8 @@ pub struct Report {
     pub vnet_dns: Found,
     pub kube_dns: Found,
     pub cluster_ip: Option<IpAddr>,
+    /// The hosts file: `None` with `--hosts-file none`.
+    pub hosts: Option<Result<Hosts, String>>,
 }
 
 impl Report {
@@ -59,10 +62,12 @@ pub fn gather(config: &Config) -> Report {
         };
         (f, finding.cluster_ip)
     };
+    let hosts = d.hosts_file.as_deref().map(hosts::read);
     Report {
         vnet_dns,
         kube_dns,
         cluster_ip,
+        hosts,
     }
 }
 
@@ -136,7 +141,24 @@ pub fn text(config: &Config, r: &Report) -> String {
     if let Some(ip) = r.cluster_ip {
         let _ = writeln!(out, "kube-dns ClusterIP {ip}");
     }
+    let path = config.discovery.hosts_file.as_ref().map(|p| p.display());
+    let _ = match (&r.hosts, path) {
+        (Some(Ok(h)), Some(path)) => writeln!(
+            out,
+            "hosts file {path}: {} entries, {} lines skipped, read at {} (Unix time)",
+            h.len(),
+            h.skipped,
+            unix(h),
+        ),
+        (Some(Err(e)), _) => writeln!(out, "hosts file: {e}; its names are forwarded"),
+        _ => writeln!(out, "hosts file: none (--hosts-file none)"),
+    };
     out
+}
+
+fn unix(h: &Hosts) -> u64 {
+    let since = h.read_at.map(|t| t.duration_since(std::time::UNIX_EPOCH));
+    since.and_then(Result::ok).unwrap_or_default().as_secs()
 }
 
 pub fn json(config: &Config, r: &Report) -> String {
@@ -160,6 +182,19 @@ pub fn json(config: &Config, r: &Report) -> String {
             "kube_dns": group(&r.kube_dns),
         },
         "cluster_ip": r.cluster_ip.map(|ip| ip.to_string()),
+        "hosts_file": match &r.hosts {
+            None => serde_json::Value::Null,
+            Some(Ok(h)) => serde_json::json!({
+                "path": config.discovery.hosts_file,
+                "entries": h.len(),
+                "lines_skipped": h.skipped,
+                "read_at": unix(h),
+            }),
+            Some(Err(e)) => serde_json::json!({
+                "path": config.discovery.hosts_file,
+                "problem": e,
+            }),
+        },
         "complete": r.complete(),
     });
     serde_json::to_string_pretty(&doc).unwrap_or_default()

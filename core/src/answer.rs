@@ -9,8 +9,9 @@
 //! - RD and CD as it asked; AD only if the upstream vouched and the asker showed it understands
 //!   AD (AD or DO in its query, RFC 6840 §5.8);
 //! - an OPT record only if it sent one, with its own DO bit (RFC 3225), the upstream's size,
-//!   extended RCODE and version, never a COOKIE (RFC 7873: one client's secret with one server)
-//!   and ECS only for a query that carried ECS (those are never shared, see `cache::Key::new`);
+//!   extended RCODE and version, never a COOKIE (RFC 7873: one client's secret with one server),
+//!   ECS only for a query that carried ECS (those are never shared, see `cache::Key::new`), and
+//!   our NSID, never the upstream's, only for a query that asked (RFC 5001);
 //! - at most as many bytes as it can take, cut at record boundaries (TC set when answer or
 //!   authority records had to go), never to an empty TC reply when records fit.
 
@@ -24,8 +25,8 @@ pub fn for_asker(reply: &[u8], query: &[u8], q: &Query, limit: usize, out: &mut 
     out.clear();
     let counts = wire::counts(reply);
     // The common shape, no additional records (nor an OPT record): nothing to walk unless it
-    // must be cut.
-    if counts[0] == 1 && counts[3] == 0 && reply.len() >= question_end {
+    // must be cut, or the asker wants our NSID.
+    if counts[0] == 1 && counts[3] == 0 && reply.len() >= question_end && !q.nsid {
         out.extend_from_slice(&reply[..wire::HEADER_LEN]);
         out.extend_from_slice(question);
         out.extend_from_slice(&reply[question_end..]);
@@ -46,9 +47,12 @@ pub fn for_asker(reply: &[u8], query: &[u8], q: &Query, limit: usize, out: &mut 
             out.extend_from_slice(&reply[layout.question_end..body_end]);
             let mut additional = layout.additional_before_opt;
             let mut opt_start = None;
-            if let (true, Some(opt)) = (q.edns, &layout.opt) {
+            if q.edns && (layout.opt.is_some() || q.nsid) {
                 opt_start = Some(out.len());
-                wire::push_reply_opt(reply, opt, q.dnssec_ok, q.ecs, out);
+                match &layout.opt {
+                    Some(opt) => wire::push_reply_opt(reply, opt, q.dnssec_ok, q.ecs, q.nsid, out),
+                    None => wire::push_opt(out, q),
+                }
                 additional += 1;
             }
             out[10..12].copy_from_slice(&additional.to_be_bytes());

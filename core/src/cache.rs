@@ -74,8 +74,8 @@ impl Key {
     /// The key of a query's answer; `None` for a query whose answer must not come from or go to
     /// the cache, nor be shared with other askers: one for an EDNS version other than 0 (the
     /// upstream answers it BADVERS or its own way), and one with options that may change the
-    /// answer (ECS scopes it to the asker's subnet; NSID and unknown options ask the upstream
-    /// something of its own).
+    /// answer (ECS scopes it to the asker's subnet; unknown options ask the upstream something
+    /// of its own).
     pub fn new(
         hasher: &KeyHasher,
         group: UpstreamGroup,
@@ -331,7 +331,7 @@ fn without_private_options(reply: &[u8]) -> Option<Vec<u8>> {
     }
     let mut out = reply[..opt.start].to_vec();
     let dnssec_ok = reply[opt.rdata - 4] & 0x80 != 0;
-    wire::push_reply_opt(reply, &opt, dnssec_ok, false, &mut out);
+    wire::push_reply_opt(reply, &opt, dnssec_ok, false, false, &mut out);
     out[10..12].copy_from_slice(&(layout.additional_before_opt + 1).to_be_bytes());
     Some(out)
 }
@@ -764,7 +764,8 @@ mod tests {
             key_of(&edns_query("a.x", &[(option::ECS, ecs)], 0)).is_none(),
             "ECS"
         );
-        assert!(key_of(&edns_query("a.x", &[(3, b"")], 0)).is_none(), "NSID");
+        // NSID asks who answered: we do, whatever the answer's source.
+        assert!(key_of(&edns_query("a.x", &[(3, b"")], 0)).is_some(), "NSID");
         assert!(
             key_of(&edns_query("a.x", &[(65001, b"?")], 0)).is_none(),
             "unknown"
@@ -868,7 +869,10 @@ mod tests {
         use hickory_proto::rr::rdata::opt::EdnsCode;
         let edns = m.extensions().as_ref().unwrap();
         assert!(edns.option(EdnsCode::Cookie).is_none() && edns.option(EdnsCode::Subnet).is_none());
-        assert!(edns.option(EdnsCode::NSID).is_some());
+        assert!(
+            edns.option(EdnsCode::NSID).is_none(),
+            "the upstream's NSID is not ours"
+        );
         assert_eq!(m.answers().len(), 2);
     }
 

@@ -10,6 +10,7 @@
 //! - [`wire`]: DNS wire-format checks and edits on packet bytes, without a full parse.
 //! - [`frame`]: DNS-over-TCP length-prefix framing, a pure decoder.
 //! - [`stats`]: plain counters the serving loops bump and `/metrics` reads.
+//! - [`hosts`]: the node's hosts file as a table, parsed from its bytes.
 //! - [`upstream`]: the upstream sets of both groups and their passive health.
 //! - [`cache`]: the answer cache with serve-stale.
 //! - [`answer`]: each asker's own answer made from a shared reply.
@@ -29,6 +30,7 @@ pub mod engine;
 pub mod flows;
 pub mod frame;
 pub mod handoff;
+pub mod hosts;
 #[cfg(any(test, feature = "rig"))]
 pub mod rig;
 pub mod roles;

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use crate::hosts::Hosts;
 use crate::roles::UpstreamGroup;
 use crate::stats::{Counters, UpstreamStats};
 
@@ -496,6 +497,9 @@ impl UpstreamSet {
 pub struct UpstreamSets {
     pub vnet_dns: Arc<UpstreamSet>,
     pub kube_dns: Arc<UpstreamSet>,
+    /// The node's hosts file: node state like the upstreams, so it reaches every engine the
+    /// same way, swapped in whole between queries.
+    pub hosts: Arc<Hosts>,
 }
 
 impl UpstreamSets {
@@ -515,6 +519,7 @@ impl UpstreamSets {
         UpstreamSets {
             vnet_dns: Arc::new(UpstreamSet::new(vnet_dns, epoch)),
             kube_dns: Arc::new(UpstreamSet::new(kube_dns, epoch)),
+            hosts: Arc::default(),
         }
     }
 }

@@ -30,6 +30,8 @@ pub const UPSTREAM_EDNS_SIZE: u16 = 1232;
 
 /// EDNS option codes the forwarder looks at.
 pub mod option {
+    /// Name Server Identifier (RFC 5001): which server answered; ours, never an upstream's.
+    pub const NSID: u16 = 3;
     /// EDNS Client Subnet (RFC 7871): the answer may be for the client's subnet only.
     pub const ECS: u16 = 8;
     /// DNS COOKIE (RFC 7873): a secret between one client and one server.
@@ -58,6 +60,9 @@ const AD: u8 = 0x20;
 const CD: u8 = 0x10;
 /// The DO bit in the OPT record's flags (the high byte of its TTL's low half).
 const DO: u8 = 0x80;
+const AA: u8 = 0x04;
+/// What a query asking for NSID gets back: who answered, as LocalDNS's `nsid localdns` says it.
+pub const NSID: &[u8] = b"localdns-fallback";
 
 pub fn id(p: &[u8]) -> u16 {
     u16::from_be_bytes([p[0], p[1]])
@@ -117,8 +122,10 @@ pub struct Query {
     pub cookie: bool,
     /// The OPT record carries ECS (RFC 7871).
     pub ecs: bool,
-    /// The OPT record carries an option other than COOKIE, padding and keepalive, or options
-    /// that do not parse: something that may change the answer (ECS, NSID, unknown ones).
+    /// The OPT record asks for our NSID (RFC 5001).
+    pub nsid: bool,
+    /// The OPT record carries an option other than COOKIE, NSID, padding and keepalive, or
+    /// options that do not parse: something that may change the answer (ECS, unknown ones).
     pub answer_options: bool,
 }
 
@@ -176,6 +183,7 @@ pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
         edns_version: 0,
         cookie: false,
         ecs: false,
+        nsid: false,
         answer_options: false,
     };
     // Queries rarely carry answer or authority records, but they may (e.g. known-answer hints);
@@ -199,6 +207,7 @@ pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
             let parsed = for_each_option(&p[rr.rdata..rr.end], |code, _| {
                 match code {
                     option::COOKIE => query.cookie = true,
+                    option::NSID => query.nsid = true,
                     option::PADDING | option::KEEPALIVE => {}
                     option::ECS => {
                         query.ecs = true;
@@ -392,16 +401,29 @@ pub fn restore_for_client(reply: &mut [u8], client_id: u16, client_question: &[u
     }
 }
 
-/// Appends an OPT record of our own, without options: our UDP size, the asker's DO bit (RFC
-/// 3225: copied into every reply), and BADVERS for an asker that wanted an EDNS version we do
-/// not speak (RFC 6891 §6.1.3).
-fn push_opt(out: &mut Vec<u8>, q: &Query) {
+/// Appends an OPT record of our own: our UDP size, the asker's DO bit (RFC 3225: copied into
+/// every reply), BADVERS for an asker that wanted an EDNS version we do not speak (RFC 6891
+/// §6.1.3), and our NSID if it asked.
+pub fn push_opt(out: &mut Vec<u8>, q: &Query) {
     out.push(0); // root owner name
     out.extend_from_slice(&TYPE_OPT.to_be_bytes());
     out.extend_from_slice(&OUR_EDNS_SIZE.to_be_bytes());
     let badvers = u8::from(q.edns_version != 0);
     let flags = if q.dnssec_ok { DO } else { 0 };
     out.extend_from_slice(&[badvers, 0, flags, 0, 0, 0]); // extended rcode, version, flags, rdlength
+    let len_at = out.len() - 2;
+    push_nsid(out, q.nsid, len_at);
+}
+
+/// Appends our NSID option to the OPT record whose RDLENGTH is at `len_at`, if `asked`.
+fn push_nsid(out: &mut Vec<u8>, asked: bool, len_at: usize) {
+    if asked {
+        out.extend_from_slice(&option::NSID.to_be_bytes());
+        out.extend_from_slice(&(NSID.len() as u16).to_be_bytes());
+        out.extend_from_slice(NSID);
+        let len = u16_at(out, len_at).unwrap_or(0) + 4 + NSID.len() as u16;
+        out[len_at..len_at + 2].copy_from_slice(&len.to_be_bytes());
+    }
 }
 
 /// Builds a reply of our own to a parsed query: its question, no records, the given RCODE, RD
@@ -421,6 +443,19 @@ pub fn local_reply(query: &[u8], q: &Query, rcode: u8, out: &mut Vec<u8>) {
     if q.edns {
         push_opt(out, q);
     }
+}
+
+/// Makes a reply of [`local_reply`] authoritative, with `count` answer records (`records`,
+/// whole), cut to `limit` bytes; a BADVERS reply stays without.
+pub fn add_answers(out: &mut Vec<u8>, q: &Query, records: &[u8], count: u16, limit: usize) {
+    out[2] |= AA;
+    if q.edns && q.edns_version != 0 {
+        return;
+    }
+    out.splice(q.question_end..q.question_end, records.iter().copied());
+    out[6..8].copy_from_slice(&count.to_be_bytes());
+    let opt = q.edns.then_some(q.question_end + records.len());
+    cut_records(out, limit, q.question_end, opt, true);
 }
 
 /// Builds an error reply to a packet whose question could not be parsed: header only.
@@ -896,7 +931,7 @@ pub(crate) mod tests {
             let o = opt(
                 size,
                 true,
-                &[(option::COOKIE, &[1, 2, 3, 4, 5, 6, 7, 8]), (3, b"")],
+                &[(option::COOKIE, &[1, 2, 3, 4, 5, 6, 7, 8]), (65001, b"")],
             );
             let client = query_with("WwW.example", 1, [1, 0x20], Some(&o));
             let q = parse_query(&client).unwrap();
@@ -977,14 +1012,18 @@ pub(crate) mod tests {
         assert!(has_private_options(&r, &opt_rr));
         for (dnssec_ok, keep_ecs) in [(true, false), (false, true)] {
             let mut out = r[..opt_rr.start].to_vec();
-            push_reply_opt(&r, &opt_rr, dnssec_ok, keep_ecs, &mut out);
+            // The upstream's NSID never; ours to an asker that asked.
+            let nsid = dnssec_ok;
+            push_reply_opt(&r, &opt_rr, dnssec_ok, keep_ecs, nsid, &mut out);
             let m = hickory(&out);
             let edns = m.extensions().as_ref().unwrap();
             use hickory_proto::rr::rdata::opt::EdnsCode;
             assert_eq!(edns.flags().dnssec_ok, dnssec_ok);
             assert!(edns.option(EdnsCode::Cookie).is_none());
             assert_eq!(edns.option(EdnsCode::Subnet).is_some(), keep_ecs);
-            assert!(edns.option(EdnsCode::NSID).is_some());
+            let ours = hickory_proto::rr::rdata::opt::EdnsOption::Unknown(3, NSID.to_vec());
+            assert_eq!(edns.option(EdnsCode::NSID).is_some(), nsid);
+            assert!(!nsid || edns.option(EdnsCode::NSID) == Some(&ours));
             assert_eq!(edns.rcode_high(), 1, "extended RCODE kept");
         }
     }

@@ -1,6 +1,7 @@
-//! Following the node while serving: re-reads resolv.conf when it changes (and the DHCP leases
-//! while it names no VNet DNS), looks for kube-dns every `--rediscover-interval` (and early when
-//! upstreams keep failing), and publishes each new upstream set whole. Workers pick a new set up
+//! Following the node while serving: re-reads resolv.conf and the hosts file when they change
+//! (and the DHCP leases while resolv.conf names no VNet DNS), looks for kube-dns every
+//! `--rediscover-interval` (and early when upstreams keep failing), and publishes each new
+//! upstream set (with the hosts file's table) whole. Workers pick a new set up
 //! between datagrams; queries in flight finish against the set they started with.
 
 use std::net::{IpAddr, SocketAddr};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 
-use super::{KubeDnsFinding, Settings, explain, find_kube_dns, leases, resolv_conf};
+use super::{KubeDnsFinding, Settings, explain, find_kube_dns, hosts, leases, resolv_conf};
 use crate::roles::UpstreamGroup;
 use crate::stats::Counters;
 use crate::upstream::{UpstreamSet, UpstreamSets};
@@ -51,11 +52,20 @@ pub async fn follow(
     let settings = Arc::new(settings);
     let mut first_pass = Some(first_pass);
     let mut node = VnetDnsFollower::new(&settings, listeners);
+    let mut hosts_file = hosts::Follower::new(settings.hosts_file.clone());
     let mut cluster_said = None::<String>;
     let mut last_look: Option<Instant> = None;
     let mut look_took = Duration::ZERO;
     let mut failures_at_look = 0;
     loop {
+        if let Some(table) = hosts_file.check() {
+            let current = publish.borrow().clone();
+            publish.send_replace(Arc::new(UpstreamSets {
+                vnet_dns: current.vnet_dns.clone(),
+                kube_dns: current.kube_dns.clone(),
+                hosts: Arc::new(table),
+            }));
+        }
         if owned.node {
             node.check(&publish, &metrics);
         }
@@ -288,5 +298,10 @@ fn swap(
         UpstreamGroup::VnetDns => (fresh, current.kube_dns.clone()),
         UpstreamGroup::KubeDns => (current.vnet_dns.clone(), fresh),
     };
-    publish.send_replace(Arc::new(UpstreamSets { vnet_dns, kube_dns }));
+    let hosts = current.hosts.clone();
+    publish.send_replace(Arc::new(UpstreamSets {
+        vnet_dns,
+        kube_dns,
+        hosts,
+    }));
 }

@@ -8,6 +8,7 @@
 
 pub mod cilium;
 pub mod follow;
+pub mod hosts;
 pub mod iptables;
 pub mod ipvs;
 pub mod leases;
@@ -107,6 +108,8 @@ pub struct Settings {
     /// systemd-networkd's DHCP lease directory: the VNet DNS while resolv.conf lists none
     /// (`None`: not used).
     pub dhcp_leases: Option<PathBuf>,
+    /// The node's hosts file (`None`: not used).
+    pub hosts_file: Option<PathBuf>,
     pub sources: Vec<Source>,
     pub service: ServiceName,
     pub cluster_ip: Option<IpAddr>,
@@ -120,6 +123,7 @@ impl Default for Settings {
         Settings {
             resolv_conf: resolv_conf::DEFAULT_PATH.into(),
             dhcp_leases: Some(leases::DEFAULT_DIR.into()),
+            hosts_file: Some(hosts::DEFAULT_PATH.into()),
             sources: Source::ALL.to_vec(),
             service: ServiceName::default(),
             cluster_ip: None,

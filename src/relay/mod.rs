@@ -237,10 +237,6 @@ pub fn run(relay: Relay) {
     let mut reported_inflight = 0;
     loop {
         heartbeats.beat(beat);
-        if upstreams.has_changed().unwrap_or(false) {
-            engine.set_upstreams(upstreams.borrow_and_update().clone());
-            shell.connect_upstreams(&engine);
-        }
         let ready = match shell.epoll.wait(&mut events, wait) {
             Ok(n) => n,
             Err(nix::errno::Errno::EINTR) => 0,
@@ -250,6 +246,12 @@ pub fn run(relay: Relay) {
                 0
             }
         };
+        // After the wait: a thread idle when the sets (and the hosts file) changed answers its
+        // first query with the new ones.
+        if upstreams.has_changed().unwrap_or(false) {
+            engine.set_upstreams(upstreams.borrow_and_update().clone());
+            shell.connect_upstreams(&engine);
+        }
         for event in &events[..ready] {
             match event.data() {
                 STOP_TOKEN => {

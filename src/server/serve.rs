@@ -98,9 +98,6 @@ struct Running {
     /// Each TCP connection holds a clone; `drain_rx` closes when the last is gone.
     drain_tx: mpsc::Sender<()>,
     drain_rx: mpsc::Receiver<()>,
-    /// With nothing to discover, the sender of the upstream sets, kept so receivers never see a
-    /// closed channel.
-    publish_kept: Option<watch::Sender<Arc<UpstreamSets>>>,
 }
 
 impl Running {
@@ -135,8 +132,8 @@ impl Running {
         let notifier = Arc::new(Notifier::from_env());
 
         let mut tasks = Vec::new();
-        let mut publish_kept = None;
-        if owned.node || owned.cluster {
+        // Discovery runs even with every group given by flags: it follows the hosts file too.
+        {
             let (first_tx, first_rx) = oneshot::channel();
             let listeners = vec![config.node_listen.ip(), config.cluster_listen.ip()];
             tasks.push(tokio::spawn(follow::follow(
@@ -153,8 +150,6 @@ impl Running {
                     "the first look for upstreams takes over {FIRST_LOOK:?}; serving meanwhile"
                 );
             }
-        } else {
-            publish_kept = Some(publish);
         }
         let sets = sets_rx.borrow().clone();
         let heartbeats = Heartbeats::new(2 * config.udp_threads);
@@ -226,7 +221,6 @@ impl Running {
             relay_threads,
             drain_tx,
             drain_rx,
-            publish_kept,
         })
     }
 
@@ -247,7 +241,6 @@ impl Running {
             relay_threads,
             drain_tx,
             mut drain_rx,
-            publish_kept,
         } = self;
         notifier.notify("STOPPING=1");
         if let Some(following) = following {
@@ -296,7 +289,6 @@ impl Running {
             }
         }
         tracing::info!(drained, "stopped");
-        drop(publish_kept);
     }
 }
 
@@ -325,6 +317,7 @@ fn flag_upstreams(config: &Config, counters: &Arc<Counters>) -> Arc<UpstreamSets
             counters,
             Instant::now(),
         )),
+        hosts: Default::default(),
     });
     for (group, given) in [
         (UpstreamGroup::VnetDns, &config.node_upstreams),

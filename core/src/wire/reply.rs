@@ -70,13 +70,15 @@ pub fn set_asker_flags(reply: &mut [u8], query: &[u8], q: &Query) {
 
 /// Appends the reply's OPT record as the asker is to see it: the upstream's UDP size, extended
 /// RCODE, version and flags, but the asker's DO bit; its options without COOKIE (a secret
-/// between one client and one server: never an upstream's to pass on) and without ECS unless
-/// `keep_ecs` (an ECS answer is for the subnet of the client that asked).
+/// between one client and one server: never an upstream's to pass on), without ECS unless
+/// `keep_ecs` (an ECS answer is for the subnet of the client that asked), and with our NSID
+/// instead of the upstream's, if `nsid` (the asker asked).
 pub fn push_reply_opt(
     p: &[u8],
     opt: &OptRecord,
     dnssec_ok: bool,
     keep_ecs: bool,
+    nsid: bool,
     out: &mut Vec<u8>,
 ) {
     let fixed = opt.rdata - 10;
@@ -88,7 +90,7 @@ pub fn push_reply_opt(
     out.extend_from_slice(&[0, 0]);
     // Options that do not parse end the list: what came before them is kept.
     let _ = for_each_option(&p[opt.rdata..opt.end], |code, data| {
-        if code != option::COOKIE && (code != option::ECS || keep_ecs) {
+        if code != option::COOKIE && code != option::NSID && (code != option::ECS || keep_ecs) {
             out.extend_from_slice(&code.to_be_bytes());
             out.extend_from_slice(&(data.len() as u16).to_be_bytes());
             out.extend_from_slice(data);
@@ -97,6 +99,7 @@ pub fn push_reply_opt(
     });
     let len = (out.len() - len_at - 2) as u16;
     out[len_at..len_at + 2].copy_from_slice(&len.to_be_bytes());
+    push_nsid(out, nsid, len_at);
 }
 
 /// Does the reply's OPT record carry a COOKIE or ECS option (that no other asker may see)?

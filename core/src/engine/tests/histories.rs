@@ -13,7 +13,11 @@
 //! source address, source port or question). Clients ask in any case, with and without EDNS, DO,
 //! CD and RD; each listener may route domains its own way (LocalDNS's per-domain overrides, drawn
 //! per history and matched by the model on the names' text, never through the engine's own
-//! routes); discovery may replace a group's servers mid-history; timers may fire late as on a
+//! routes); the node's hosts file may name some of the names (with A or AAAA addresses, in any
+//! case, with malformed lines among them), and change mid-history: the model predicts from the
+//! lines it wrote which queries are answered from it (the name in the version in force, routed by
+//! the root) and with what, and every other query is judged as forwarded; discovery may replace
+//! a group's servers mid-history; timers may fire late as on a
 //! busy thread; and some histories have a tiny `--max-inflight`, so shedding happens. A quarter
 //! of the histories lose one of two backends of a group for good, and some of those both, some
 //! under bursts of new names.
@@ -42,11 +46,13 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::net::IpAddr;
 
 use rand::{Rng, RngCore};
 
 use super::*;
 use crate::cache::Limits;
+use crate::hosts::Hosts;
 use crate::stats::ListenerStats;
 use crate::upstream::{UpstreamSet, UpstreamSets};
 
@@ -291,6 +297,11 @@ impl Routing {
 
     /// The group `role` sends name `nid` to.
     fn group_of(&self, role: ListenerRole, nid: usize) -> usize {
+        self.route_of(role, nid).1
+    }
+
+    /// The route name `nid` takes on `role`: its domain and group.
+    fn route_of(&self, role: ListenerRole, nid: usize) -> (&'static str, usize) {
         let (kube, vnet) = (
             UpstreamGroup::KubeDns as usize,
             UpstreamGroup::VnetDns as usize,
@@ -308,10 +319,10 @@ impl Routing {
         let name = name_of(nid);
         let under = |d: &str| d == "." || name == d || name.ends_with(&format!(".{d}"));
         routes
-            .iter()
+            .into_iter()
             .filter(|(d, _)| under(d))
             .max_by_key(|(d, _)| if *d == "." { 0 } else { d.len() + 1 })
-            .map_or(kube, |&(_, g)| g)
+            .unwrap_or((".", kube))
     }
 
     /// The same as the engine's settings take it.
@@ -334,6 +345,59 @@ impl Routing {
         }
         routes
     }
+}
+
+/// A line of a history's hosts file as the model wrote it: an address (none: a malformed line,
+/// which must change nothing) and names of ours, written in capitals if `upper`.
+#[derive(Clone, Debug)]
+struct HostsLine {
+    addr: Option<IpAddr>,
+    names: Vec<usize>,
+    upper: bool,
+}
+
+/// Half the histories have a hosts file: one to three versions (from 0 ms, then each replacing
+/// the last at its ms) of up to four lines over a few IPv4 and IPv6 addresses.
+fn draw_hosts(rng: &mut Mix) -> Vec<(u64, Vec<HostsLine>)> {
+    let versions = [0, 0, 0, 1, 2, 3][rng.random_range(0..6)];
+    let mut hosts: Vec<(u64, Vec<HostsLine>)> = (0..versions)
+        .map(|v| {
+            let at = if v == 0 {
+                0
+            } else {
+                rng.random_range(1_000..30_000)
+            };
+            let lines = (0..rng.random_range(0..5))
+                .map(|_| HostsLine {
+                    addr: match rng.random_range(0..6u8) {
+                        0 => None,
+                        k @ 1..3 => Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, k.into()])),
+                        k => Some(IpAddr::from([192, 0, 2, k % 3])),
+                    },
+                    names: (0..rng.random_range(1..3))
+                        .map(|_| rng.random_range(0..NAMES))
+                        .collect(),
+                    upper: rng.random_bool(0.3),
+                })
+                .collect();
+            (at, lines)
+        })
+        .collect();
+    hosts.sort_by_key(|(at, _)| *at);
+    hosts
+}
+
+/// The file's text: a line per `HostsLine`, with comments and odd spacing.
+fn hosts_text(lines: &[HostsLine]) -> String {
+    let mut text = String::from("# a history's hosts file\n");
+    for l in lines {
+        let addr = l.addr.map_or("not-an-address".into(), |a| a.to_string());
+        let names: Vec<String> = l.names.iter().map(|&n| name_of(n)).collect();
+        let names = names.join(" \t");
+        let names = if l.upper { names.to_uppercase() } else { names };
+        text.push_str(&format!("{addr}\t{names}  # n{}\n", l.names[0]));
+    }
+    text
 }
 
 /// What identifies an answer: group, name and the query bits that change it (RD, CD, EDNS, DO).
@@ -451,6 +515,8 @@ enum Input {
         group: usize,
         set: Vec<usize>,
     },
+    /// The hosts file's version `0` comes into force.
+    Hosts(usize),
 }
 
 struct History {
@@ -461,6 +527,8 @@ struct History {
     ttls: [[(u32, u32); NAMES]; 2],
     roles: Vec<ListenerRole>,
     routing: Routing,
+    /// The hosts file's versions and the ms each came into force.
+    hosts: Vec<(u64, Vec<HostsLine>)>,
     transport: Transport,
     cache: bool,
     max_inflight: usize,
@@ -481,6 +549,33 @@ struct History {
 }
 
 impl History {
+    /// The model's answer from the hosts file to client `c`: the RDATA of its records, in
+    /// order (none: NODATA); `None` if it is forwarded. A version comes into force before the
+    /// queries of its ms.
+    fn hosts_answer(&self, c: &Client0) -> Option<Vec<Vec<u8>>> {
+        let (_, lines) = self.hosts.iter().rev().find(|(at, _)| *at <= c.at)?;
+        if self.routing.route_of(self.roles[c.engine], c.key.nid).0 != "." {
+            return None;
+        }
+        let mut addrs = lines
+            .iter()
+            .filter(|l| l.names.contains(&c.key.nid))
+            .filter_map(|l| l.addr)
+            .peekable();
+        addrs.peek()?;
+        let qtype = wire::parse_query(&c.query).expect("ours").qtype;
+        let mut rdata: Vec<Vec<u8>> = addrs
+            .filter_map(|a| match (a, qtype) {
+                (IpAddr::V4(a), 1) => Some(a.octets().to_vec()),
+                (IpAddr::V6(a), 28) => Some(a.octets().to_vec()),
+                _ => None,
+            })
+            .collect();
+        rdata.sort();
+        rdata.dedup();
+        Some(rdata)
+    }
+
     fn set_at(&self, group: usize, t: u64) -> &[usize] {
         let sets = &self.sets[group];
         let i = sets.iter().rposition(|(from, _)| *from <= t).unwrap_or(0);
@@ -721,6 +816,11 @@ fn run_history(seed: u64) -> Result<(), String> {
     } else {
         Routing::default()
     };
+    let hosts = if death.is_none() {
+        draw_hosts(&mut rng)
+    } else {
+        Vec::new()
+    };
     let mut servers = Vec::new();
     let mut sets: [Vec<(u64, Vec<usize>)>; 2] = [Vec::new(), Vec::new()];
     for g in 0..2 {
@@ -826,6 +926,7 @@ fn run_history(seed: u64) -> Result<(), String> {
         ttls,
         roles: roles.clone(),
         routing: routing.clone(),
+        hosts,
         transport,
         cache,
         max_inflight,
@@ -890,6 +991,15 @@ fn run_history(seed: u64) -> Result<(), String> {
             h.clients.push(client);
         }
     }
+    // A query answered from the hosts file may ask AAAA or any other type (NODATA).
+    for i in 0..h.clients.len() {
+        if h.hosts_answer(&h.clients[i]).is_some() && rng.random_bool(0.4) {
+            let c = &mut h.clients[i];
+            let at = wire::parse_query(&c.query).expect("ours").name_end;
+            let qtype: u16 = [28, 15][rng.random_range(0..2)];
+            c.query[at..at + 2].copy_from_slice(&qtype.to_be_bytes());
+        }
+    }
     let end = t + 20_000;
 
     let mut inputs: BinaryHeap<(Reverse<u64>, Reverse<u64>, usize)> = BinaryHeap::new();
@@ -900,7 +1010,10 @@ fn run_history(seed: u64) -> Result<(), String> {
         seq += 1;
         inputs.push((Reverse(ms), Reverse(seq), parked.len() - 1));
     };
-    // At the same ms, discovery first: the model's sets change at their ms.
+    // At the same ms, discovery and the hosts file first: the model's sets change at their ms.
+    for v in 0..h.hosts.len() {
+        push(&mut inputs, &mut parked, h.hosts[v].0, Input::Hosts(v));
+    }
     for (ms, group, set) in discoveries {
         push(
             &mut inputs,
@@ -1136,8 +1249,13 @@ fn run_history(seed: u64) -> Result<(), String> {
                 t + late
             }
         });
+        // Discovery and the hosts file change at their ms, before a timer due then: the model
+        // takes them in force from that ms.
+        let node_state = inputs.peek().is_some_and(|&(.., k)| {
+            matches!(parked[k], Some(Input::Discovery { .. } | Input::Hosts(_)))
+        });
         let timer_first = match (due, next_input) {
-            (Some(t), Some(i)) => t <= i,
+            (Some(t), Some(i)) => t < i || (t == i && !node_state),
             (Some(_), None) => true,
             (None, Some(_)) => false,
             (None, None) => break,
@@ -1284,11 +1402,13 @@ fn run_history(seed: u64) -> Result<(), String> {
                     UpstreamSets {
                         vnet_dns: fresh,
                         kube_dns: old.kube_dns.clone(),
+                        hosts: old.hosts.clone(),
                     }
                 } else {
                     UpstreamSets {
                         vnet_dns: old.vnet_dns.clone(),
                         kube_dns: fresh,
+                        hosts: old.hosts.clone(),
                     }
                 });
                 if trace {
@@ -1296,6 +1416,21 @@ fn run_history(seed: u64) -> Result<(), String> {
                         "{now:>6} [{step}] discovery: group {group} is now {set:?}"
                     ));
                 }
+                for e in engines.iter_mut() {
+                    e.set_upstreams(sets.clone());
+                }
+            }
+            Input::Hosts(v) => {
+                let old = engines[0].upstreams().clone();
+                let text = hosts_text(&h.hosts[v].1);
+                if trace {
+                    note(format!("{now:>6} [{step}] hosts file:\n{text}"));
+                }
+                let sets = Arc::new(UpstreamSets {
+                    vnet_dns: old.vnet_dns.clone(),
+                    kube_dns: old.kube_dns.clone(),
+                    hosts: Arc::new(Hosts::parse(text.as_bytes())),
+                });
                 for e in engines.iter_mut() {
                     e.set_upstreams(sets.clone());
                 }
@@ -1416,6 +1551,30 @@ fn judge(h: &History) -> Result<(), String> {
                 "{what}: OPT {opt} DO {dnssec_ok}, asked {} {}",
                 q.edns, q.dnssec_ok
             ));
+        }
+        if let Some(rdata) = h.hosts_answer(c) {
+            // From the hosts file: at once, authoritative, its records with TTL 5, nothing sent.
+            let records = wire::records(reply).unwrap_or_default();
+            let got: Vec<&[u8]> = records
+                .iter()
+                .filter(|r| r.section == wire::Section::Answer)
+                .filter(|r| r.rtype == q.qtype && r.ttl == route::HOSTS_TTL)
+                .map(|r| &reply[r.ttl_offset + 6..])
+                .collect();
+            let fits =
+                got.len() == rdata.len() && got.iter().zip(&rdata).all(|(g, w)| g.starts_with(w));
+            let [_, an, ns, _] = wire::counts(reply);
+            if !at_once || first_askers[i] || reply[2] & 0x06 != 0x04 || wire::rcode(reply) != 0 {
+                return Err(format!(
+                    "{what}: not the hosts file's answer at once: {reply:02x?}"
+                ));
+            }
+            if !fits || usize::from(an) != rdata.len() || ns != 0 {
+                return Err(format!(
+                    "{what}: the hosts file says {rdata:?}: {reply:02x?}"
+                ));
+            }
+            continue;
         }
         let truncated = wire::is_truncated(reply);
         let code = wire::rcode(reply);
