@@ -32,13 +32,14 @@ pub struct RecvBatch {
 
 impl RecvBatch {
     pub fn new(slots: usize) -> RecvBatch {
+        // SAFETY: all-zero is a valid value of these plain C structs.
+        let (addrs, iovs, hdrs) = unsafe { (zeroed(), zeroed(), zeroed()) };
         let mut b = RecvBatch {
             buf: vec![0; slots * RECV_SLOT],
             lens: vec![0; slots],
-            // SAFETY (all three): all-zero is a valid value of these plain C structs.
-            addrs: vec![unsafe { zeroed() }; slots],
-            iovs: vec![unsafe { zeroed() }; slots],
-            hdrs: vec![unsafe { zeroed() }; slots],
+            addrs: vec![addrs; slots],
+            iovs: vec![iovs; slots],
+            hdrs: vec![hdrs; slots],
             n: 0,
         };
         // The headers point into the batch's own heap buffers, which never move or resize, so
@@ -46,8 +47,8 @@ impl RecvBatch {
         let base = b.buf.as_mut_ptr();
         for i in 0..slots {
             b.iovs[i] = libc::iovec {
-                // SAFETY: slot i lies inside `buf` (slots * RECV_SLOT bytes).
-                iov_base: unsafe { base.add(i * RECV_SLOT) }.cast(),
+                // Slot i lies inside `buf` (slots * RECV_SLOT bytes).
+                iov_base: base.wrapping_add(i * RECV_SLOT).cast(),
                 iov_len: RECV_SLOT,
             };
             let h = &mut b.hdrs[i].msg_hdr;
@@ -141,8 +142,14 @@ impl<T: Copy> SendBatch<T> {
             buf: Vec::new(),
             msgs: Vec::with_capacity(slots),
             order: Vec::with_capacity(slots),
-            // SAFETY (both): all-zero is a valid value of these plain C structs.
-            iovs: vec![unsafe { zeroed() }; slots],
+            iovs: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0
+                };
+                slots
+            ],
+            // SAFETY: all-zero is a valid value of this plain C struct.
             hdrs: vec![unsafe { zeroed() }; slots],
         }
     }
@@ -184,8 +191,8 @@ impl<T: Copy> SendBatch<T> {
         for (k, &i) in self.order.iter().enumerate() {
             let m = &mut msgs[i];
             self.iovs[k] = libc::iovec {
-                // SAFETY: the message's bytes lie inside `buf`.
-                iov_base: unsafe { base.add(m.start) }.cast(),
+                // The message's bytes lie inside `buf`.
+                iov_base: base.wrapping_add(m.start).cast(),
                 iov_len: m.len,
             };
             let h = &mut self.hdrs[k].msg_hdr;
