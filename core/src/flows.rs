@@ -17,8 +17,8 @@
 //! (not only on lo, where the standby put them), a socket of its in every group, and its probe
 //! answered for [`Flows::proof`] rounds: two for a LocalDNS that restarted, was stopped or lost
 //! its addresses; [`SAME_PROOF`] for the same process the probe found silent (mute or starved: it
-//! answers its probe well once the pods' load is off it); twice as long for each take that comes
-//! within [`RECUR`] of the last hand-back, up to [`MAX_PROOF`].
+//! answers its probe well once the pods' load is off it); twice as long each time the process
+//! the flows were handed back to fails again within [`RECUR`], up to [`MAX_PROOF`].
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -79,7 +79,9 @@ pub const UNREAD_REST: Duration = Duration::from_secs(10);
 /// hand them back into the same starvation (once a second in a 6 s squeeze). Starvations last
 /// seconds; this outlasts the ones seen.
 pub const SAME_PROOF: Duration = Duration::from_secs(10);
-/// A take this soon after a hand-back is the same fault coming back: the next proof is doubled.
+/// A take this soon after a hand-back, from the process the flows were handed to, is the same
+/// fault coming back: the next proof is doubled. A LocalDNS that restarted since starts afresh
+/// (each crash of a crash storm is a fault of its own).
 pub const RECUR: Duration = Duration::from_secs(60);
 /// The longest proof, however often the fault came back: a recovered LocalDNS gets its flows
 /// back within this.
@@ -190,7 +192,9 @@ pub struct Flows {
     /// process.
     taken_from: Vec<u64>,
     handed_back_at: Option<Instant>,
-    /// Takes in a row that each came within [`RECUR`] of a hand-back.
+    /// LocalDNS's sockets when the flows were handed back.
+    handed_to: Vec<u64>,
+    /// Takes in a row that each came within [`RECUR`] of a hand-back to the same process.
     recurrences: u32,
     out: VecDeque<Out>,
 }
@@ -217,6 +221,7 @@ impl Flows {
             addresses: Addresses::Theirs,
             taken_from: Vec::new(),
             handed_back_at: None,
+            handed_to: Vec::new(),
             recurrences: 0,
             out: VecDeque::new(),
         };
@@ -320,6 +325,7 @@ impl Flows {
         self.holder = Holder::LocalDns;
         self.taken_for = None;
         self.handed_back_at = Some(now);
+        self.handed_to = self.watched.iter().map(|w| w.inode).collect();
         self.next_look = now;
         self.out.push_back(Out::HandBack);
     }
@@ -459,7 +465,11 @@ impl Flows {
     }
 
     fn take(&mut self, now: Instant, why: Why) {
-        let recurs = self.handed_back_at.is_some_and(|at| now < at + RECUR);
+        let recurs = self.handed_back_at.is_some_and(|at| now < at + RECUR)
+            && self
+                .watched
+                .iter()
+                .any(|w| self.handed_to.contains(&w.inode));
         self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
         self.holder = Holder::Standby;
         self.taken_for = Some(why);

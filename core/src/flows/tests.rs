@@ -126,6 +126,7 @@ struct World {
     view: Vec<u64>,
     view_complete: bool,
     view_at_take: Vec<u64>,
+    view_at_hand_back: Vec<u64>,
     last_hand_back: Option<Instant>,
     recurrences: u32,
     /// The owners' state the world last gave.
@@ -403,7 +404,8 @@ impl World {
                 self.now - self.phase_since
             ));
         }
-        let recurs = self.last_hand_back.is_some_and(|at| self.now < at + RECUR);
+        let recurs = self.last_hand_back.is_some_and(|at| self.now < at + RECUR)
+            && self.view.iter().any(|i| self.view_at_hand_back.contains(i));
         self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
         self.target = Holder::Standby;
         self.stale = None;
@@ -444,6 +446,7 @@ impl World {
         self.stale = None;
         self.strayed = None;
         self.last_hand_back = Some(self.now);
+        self.view_at_hand_back = self.view.clone();
         self.hand_back_due = false;
         self.on_lo = false;
         self.report_addresses();
@@ -894,6 +897,7 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         view: Vec::new(),
         view_complete: false,
         view_at_take: Vec::new(),
+        view_at_hand_back: Vec::new(),
         last_hand_back: None,
         recurrences: 0,
         owners_said: None,
