@@ -181,6 +181,11 @@ impl Engine {
         &self.upstreams
     }
 
+    /// Whether this listener's routes send any name to `group`.
+    pub fn sends_to(&self, group: UpstreamGroup) -> bool {
+        self.settings.routes.reaches(self.role, group)
+    }
+
     pub fn inflight(&self) -> usize {
         self.by_group.iter().sum()
     }

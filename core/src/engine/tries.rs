@@ -162,15 +162,21 @@ impl Engine {
                 set.note_error_reply(upstream, counted, now);
                 false
             }
-            Failure::Local(_) => {
+            // Never evidence against the upstream: health is shared by every relay thread of
+            // both listeners, and one thread's missing socket would make the others' queries
+            // to a working upstream fail at once.
+            Failure::Local(_) | Failure::NoSocket => {
                 if counted {
                     set.end_try(upstream);
                 }
+                self.events.push_back(Event::NotSent {
+                    group,
+                    upstream,
+                    failure,
+                });
                 false
             }
-            Failure::Network(_) | Failure::NoSocket => {
-                set.note_failure(upstream, counted, sent, now)
-            }
+            Failure::Network(_) => set.note_failure(upstream, counted, sent, now),
         };
         if demoted {
             self.events.push_back(Event::UpstreamSuspect {

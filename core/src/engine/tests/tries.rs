@@ -280,8 +280,88 @@ fn local_resource_errors_do_not_count_against_the_upstream() {
     let emfile = Failure::from_io(&io::Error::from_raw_os_error(24));
     assert!(matches!(emfile, Failure::Local(_)));
     rig.fail(leg, emfile, 1);
-    assert!(rig.events.is_empty(), "not suspect: {:?}", rig.events);
+    assert!(
+        !rig.events
+            .iter()
+            .any(|e| matches!(e, Event::UpstreamSuspect { .. })),
+        "not suspect: {:?}",
+        rig.events
+    );
     assert!(!rig.engine.upstreams.kube_dns.is_suspect(up(1)));
+}
+
+/// A try that never left this host (no socket for it in this relay, a send the kernel refused
+/// for want of the family or a route) fails over at once, and with nothing else to try the
+/// client gets SERVFAIL at once; but it is no evidence against the upstream, whose health the
+/// other listener shares: there, queries to it still go out and are answered.
+#[test]
+fn a_try_that_never_left_this_host_is_no_evidence_against_its_upstream() {
+    let errno = |n| Failure::from_io(&io::Error::from_raw_os_error(n));
+    // No socket; EAFNOSUPPORT; ENETUNREACH.
+    for failure in [Failure::NoSocket, errno(97), errno(101)] {
+        for transport in BOTH {
+            let mut cluster = Rig::with(
+                transport,
+                ListenerRole::Cluster,
+                vec![up(1)],
+                vec![up(2)],
+                |s| {
+                    let domain = wire::encode_name("example.com").unwrap();
+                    s.routes
+                        .set(ListenerRole::Cluster, &domain, UpstreamGroup::VnetDns)
+                },
+            );
+            // Twenty names over three seconds, every try of each failing as it is sent.
+            for i in 0..20u16 {
+                let ms = u64::from(i) * 150;
+                let mut seen = cluster.upstream_sends();
+                cluster.query(&query(i, &format!("n{i}.example.com"), None), ms);
+                while cluster.upstream_sends() > seen {
+                    seen = cluster.upstream_sends();
+                    let (leg, _) = cluster.last_upstream();
+                    assert_eq!(
+                        leg.to,
+                        up(1),
+                        "{failure:?} {transport:?}: routed to the VNet DNS"
+                    );
+                    cluster.fail(leg, failure, ms);
+                }
+                let last = cluster.to_client().pop().expect("answered at once");
+                assert_eq!(
+                    (wire::id(&last), wire::rcode(&last)),
+                    (i, rcode::SERVFAIL),
+                    "{failure:?} {transport:?}"
+                );
+            }
+            let sets = cluster.engine.upstreams().clone();
+            assert!(
+                !sets.vnet_dns.is_suspect(up(1)),
+                "{failure:?} {transport:?}"
+            );
+            assert!(
+                !cluster
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::UpstreamSuspect { .. })),
+                "{failure:?} {transport:?}: {:?}",
+                cluster.events
+            );
+            // The node listener, sharing the health: its query goes to the VNet DNS.
+            let mut node = Rig::new(transport, ListenerRole::Node, vec![up(1)], vec![up(2)]);
+            node.engine.set_upstreams(sets);
+            let outcome = node.query(&query(99, "www.example.com", None), 3000);
+            assert_eq!(outcome, Outcome::Waiting, "{failure:?} {transport:?}");
+            let (leg, sent) = node.last_upstream();
+            assert_eq!(leg.to, up(1));
+            node.reply_at(leg, answer(&sent, 60), up(1), 3001);
+            let got = node.to_client().pop().expect("answered");
+            assert_eq!(
+                wire::rcode(&got),
+                rcode::NOERROR,
+                "{failure:?} {transport:?}"
+            );
+        }
+    }
 }
 
 #[test]
