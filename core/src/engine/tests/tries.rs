@@ -79,6 +79,58 @@ fn one_hedge_per_query_and_hedges_stay_a_bounded_share() {
     assert_eq!(rig.to_client().len(), 1000);
 }
 
+/// An upstream that drops a burst of datagrams (its socket buffer full) leaves more tries late
+/// at once than the hedge budget holds. The budget refills as new queries come, and each late
+/// try looks again until it is paid for: its client waits milliseconds, not the try's timeout
+/// (a client with a closed loop of queries pays that second in throughput). The budget holds.
+#[test]
+fn a_burst_of_lost_tries_beyond_the_budget_is_hedged_as_the_budget_refills() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    let burst_name = |i: u16| wire::encode_name(&format!("b{i}.svc")).unwrap();
+    let (mut id, mut steady) = (0u16, 0usize);
+    // A quick server: the hedge delay is its floor.
+    let mut answered = |rig: &mut Rig, ms: u64| {
+        id += 1;
+        steady += 1;
+        rig.query(&query(id, &format!("s{id}.svc"), None), ms);
+        let (leg, sent) = rig.last_upstream();
+        rig.reply_at(leg, answer(&sent, 60), leg.to, ms);
+    };
+    for ms in 0..10 {
+        answered(&mut rig, ms);
+    }
+    const BURST: u16 = 120;
+    for i in 0..BURST {
+        rig.query(&query(1000 + i, &format!("b{i}.svc"), None), 10);
+    }
+    // Ten answered queries a millisecond: two hedges' worth.
+    for ms in 11..300 {
+        for _ in 0..10 {
+            answered(&mut rig, ms);
+        }
+        rig.tick(ms);
+    }
+    let sends_of = |name: &[u8]| {
+        rig.sent
+            .iter()
+            .filter(|(d, b)| {
+                matches!(d, Dest::Upstream(_)) && b.get(12..12 + name.len()) == Some(name)
+            })
+            .count()
+    };
+    let unhedged: Vec<u16> = (0..BURST)
+        .filter(|&i| sends_of(&burst_name(i)) < 2)
+        .collect();
+    assert!(unhedged.is_empty(), "left to the try timeout: {unhedged:?}");
+    let hedges = rig.upstream_sends() - steady - usize::from(BURST);
+    let most =
+        (steady + usize::from(BURST)) / HEDGE_COST as usize + (HEDGE_BURST / HEDGE_COST) as usize;
+    assert!(
+        hedges <= most,
+        "{hedges} hedges, more than the budget's {most}"
+    );
+}
+
 #[test]
 fn an_error_reply_moves_the_query_to_another_upstream_at_once() {
     for code in [rcode::REFUSED, rcode::SERVFAIL, rcode::NOTIMP] {
