@@ -10,7 +10,8 @@ use rand::Rng;
 
 use super::pending::{MAX_TRIES, Orphan, Pending, Slot, Timer, TimerKind, Try, TryKey};
 use super::{
-    Dest, Engine, Event, Failure, HEDGE_COST, HEDGE_FLOOR, HEDGE_UNKNOWN, ID_DRAWS, Leg, Via,
+    Dest, Engine, Event, Failure, HEDGE_COST, HEDGE_FLOOR, HEDGE_UNKNOWN, ID_DRAWS, Leg,
+    SOCKET_RUN, Via,
 };
 use crate::roles::{Transport, UpstreamGroup};
 use crate::upstream::Choice;
@@ -285,9 +286,7 @@ impl Engine {
             };
             let via = match transport {
                 Transport::Udp if refetch.is_none() => Via::Udp {
-                    socket: self
-                        .rng
-                        .random_range(0..self.settings.udp_sockets_per_upstream.max(1)),
+                    socket: self.udp_socket(),
                 },
                 Transport::Udp | Transport::Tcp => Via::Tcp,
             };
@@ -339,6 +338,22 @@ impl Engine {
             self.arm(slot, try_no, at, kind);
             return;
         }
+    }
+
+    /// The UDP socket of the next try: drawn at random and kept for `SOCKET_RUN` tries, so the
+    /// tries of one batch leave in one `sendmmsg` and their replies come back on one socket
+    /// (one `recvmmsg`, one wake-up of the upstream) rather than spread over every socket; which
+    /// socket a try used is still unknown to an off-path spoofer.
+    fn udp_socket(&mut self) -> usize {
+        let (socket, left) = &mut self.socket_run;
+        if *left == 0 {
+            *socket = self
+                .rng
+                .random_range(0..self.settings.udp_sockets_per_upstream.max(1));
+            *left = SOCKET_RUN;
+        }
+        *left -= 1;
+        *socket
     }
 
     /// Sets a timer for the query now in `slot` (try `try_no`, or 0 for the query's own).

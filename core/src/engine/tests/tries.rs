@@ -131,6 +131,34 @@ fn a_burst_of_lost_tries_beyond_the_budget_is_hedged_as_the_budget_refills() {
     );
 }
 
+/// Tries go through one socket in runs of `SOCKET_RUN` (a relay's batch leaves in one
+/// `sendmmsg`), each run's socket drawn at random, so every socket is used.
+#[test]
+fn tries_go_through_one_socket_a_run_and_every_socket_in_turn() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    let runs = 40;
+    for i in 0..(SOCKET_RUN * runs) as u16 {
+        rig.query(&query(i, &format!("n{i}.svc"), None), 0);
+    }
+    let sockets: Vec<usize> = rig
+        .sent
+        .iter()
+        .filter_map(|(d, _)| match d {
+            Dest::Upstream(Leg {
+                via: Via::Udp { socket },
+                ..
+            }) => Some(*socket),
+            _ => None,
+        })
+        .collect();
+    for run in sockets.chunks(SOCKET_RUN as usize) {
+        assert!(run.iter().all(|s| *s == run[0]), "{run:?}");
+    }
+    for socket in 0..crate::rig::SOCKETS {
+        assert!(sockets.contains(&socket), "socket {socket} never drawn");
+    }
+}
+
 #[test]
 fn an_error_reply_moves_the_query_to_another_upstream_at_once() {
     for code in [rcode::REFUSED, rcode::SERVFAIL, rcode::NOTIMP] {
