@@ -4,7 +4,8 @@
 #
 #   loadtest/run.sh [--quick] [--scenario NAME] [--systems a,b,c] [--generator own|dnsperf]
 #                   [--upstream own|knot] [--reps N] [--gen-threads N] [--lf-args 'FLAGS']
-#                   [--lf-bin PATH] [--faults a,b] [--install] [--no-build] [--out DIR]
+#                   [--lf-bin PATH] [--lf-base PATH] [--faults a,b] [--install] [--no-build]
+#                   [--out DIR]
 #
 # Scenarios: throughput (default), kill, slow, faults, outage-stale, tcp, overload, calibrate, all.
 # See loadtest/README.md for what each one does and what each figure means.
@@ -20,11 +21,11 @@ self=$(readlink -f "$0")
 cd "$(dirname "$self")/.."
 repo=$PWD
 
-usage() { sed -n '2,10p' "$self" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,11p' "$self" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 # ---------------------------------------------------------------- options
 quick=0 scenario=throughput systems_opt="" generator=own upstream=own reps="" install=0 build=1 out="" gen_threads=1 lf_args=""
-lf_bin="" faults_opt=""
+lf_bin="" lf_base="" faults_opt=""
 while (($#)); do
     case $1 in
         --quick) quick=1 ;;
@@ -36,6 +37,7 @@ while (($#)); do
         --gen-threads) gen_threads=${2:?}; shift ;;
         --lf-args) lf_args=${2?}; shift ;;
         --lf-bin) lf_bin=${2:?--lf-bin needs a path}; shift ;;
+        --lf-base) lf_base=$(readlink -f "${2:?--lf-base needs a path}"); shift ;;
         --faults) faults_opt=${2:?--faults needs a list}; shift ;;
         --install) install=1 ;;
         --no-build) build=0 ;;
@@ -334,7 +336,7 @@ check_forwarding() {
 }
 
 # ---------------------------------------------------------------- the systems under test
-all_systems=(direct kernel-dnat bare-relay dnsdist dnsdist-cache dnsmasq unbound localdns-fallback localdns-fallback-2threads localdns-fallback-cache)
+all_systems=(direct kernel-dnat bare-relay dnsdist dnsdist-cache dnsmasq unbound localdns-fallback localdns-fallback-base localdns-fallback-2threads localdns-fallback-cache)
 
 # available SYSTEM: empty if it can run here, else why not.
 available() {
@@ -345,6 +347,7 @@ available() {
         dnsmasq) command -v dnsmasq >/dev/null || echo "dnsmasq is not installed (--install)" ;;
         unbound) command -v unbound >/dev/null || echo "unbound is not installed (--install)" ;;
         localdns-fallback) ;;
+        localdns-fallback-base) [[ -x $lf_base ]] || echo "no --lf-base binary given" ;;
         localdns-fallback-2threads) grep -q -- --udp-threads <<<"$lf_help" || echo "this build has no --udp-threads flag" ;;
         localdns-fallback-cache) ((lf_has_cache)) || echo "this build has no --cache-size flag yet" ;;
         *) echo "unknown system (known: ${all_systems[*]})" ;;
@@ -451,7 +454,7 @@ CONF
             } >"$conf"
             ip netns exec "$node" unbound -d -c "$conf" >"$dir/log" 2>&1 9<&- &
             sys_pid=$! ;;
-        localdns-fallback|localdns-fallback-2threads|localdns-fallback-cache)
+        localdns-fallback|localdns-fallback-base|localdns-fallback-2threads|localdns-fallback-cache)
             local args=(--node-listen 169.254.10.10:53 --cluster-listen 169.254.10.11:53
                         --node-upstream 198.18.1.2:53 --log-level warn)
             for k in $(seq "$n"); do args+=(--cluster-upstream "198.18.$k.2:53"); done
@@ -460,7 +463,10 @@ CONF
             if [[ $sys == localdns-fallback-2threads ]]; then args+=(--udp-threads 2); fi
             # Extra flags to try (--lf-args), split on spaces.
             if [[ -n $lf_args ]]; then read -r -a extra_lf <<<"$lf_args"; args+=("${extra_lf[@]}"); fi
-            ip netns exec "$node" "$lf" "${args[@]}" >"$dir/log" 2>&1 9<&- &
+            # The baseline row (--lf-base): another build with the same flags, in the same run.
+            local bin=$lf
+            [[ $sys == localdns-fallback-base ]] && bin=$lf_base
+            ip netns exec "$node" "$bin" "${args[@]}" >"$dir/log" 2>&1 9<&- &
             sys_pid=$! ;;
     esac
     [[ -n $sys_pid ]] && pids+=("$sys_pid")
@@ -812,6 +818,7 @@ dirty=$(git -C "$repo" status --porcelain -- src Cargo.toml 2>/dev/null | head -
     [[ -n $build_note ]] && echo "NOTE: $build_note"
     [[ -n $lf_args ]] && echo "localdns-fallback extra flags: $lf_args"
     echo "localdns-fallback binary: $lf ($("$lf" --version 2>&1 | head -1), sha256 $(sha256sum "$lf" | cut -c1-12), built $(date -r "$lf" '+%F %T'))"
+    [[ -n $lf_base ]] && echo "localdns-fallback-base binary: $lf_base ($("$lf_base" --version 2>&1 | head -1), sha256 $(sha256sum "$lf_base" | cut -c1-12), built $(date -r "$lf_base" '+%F %T'))"
     echo "scenario $scenario; generator $generator; upstream $upstream; repetitions $reps (kill, slow, faults, outage-stale, overload: $event_reps); quick=$quick"
     echo "machine before the run: $(busy_now)% busy over 2 s, load average $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "load: saturation = $outstanding queries outstanding over $channels sockets; latency at $rate QPS open loop; generator threads $gen_threads"

@@ -32,6 +32,11 @@ impl EventLog {
                 group,
                 upstream,
                 failure,
+            }
+            | Event::NotSent {
+                group,
+                upstream,
+                failure,
             } => {
                 if self.upstreams.len() >= REMEMBERED && !self.upstreams.contains_key(&upstream) {
                     self.upstreams.retain(|_, (last, _)| {
@@ -41,11 +46,15 @@ impl EventLog {
                 let (last, missed) = self.upstreams.entry(upstream).or_default();
                 *missed += 1;
                 if due(*last) {
+                    let then = match event {
+                        Event::NotSent { .. } => "not held against it",
+                        _ => "trying other upstreams first",
+                    };
                     tracing::warn!(
                         upstream = %upstream,
                         group = group.name(),
                         failures = *missed,
-                        "upstream {}; trying other upstreams first",
+                        "upstream {}; {then}",
                         describe(failure)
                     );
                     (*last, *missed) = (Some(now), 0);
@@ -73,9 +82,9 @@ fn describe(failure: Failure) -> String {
     match failure {
         Failure::TimedOut => "timed out".into(),
         Failure::Network(kind) => format!("cannot be reached ({kind})"),
-        Failure::NoSocket => "has an address family this host cannot use".into(),
+        Failure::NoSocket => "was not tried: no socket to it".into(),
         Failure::ErrorReply(code) => format!("answered with an error (RCODE {code})"),
-        Failure::Local(kind) => format!("was not tried: out of local resources ({kind})"),
+        Failure::Local(kind) => format!("was not tried: this host refused the send ({kind})"),
     }
 }
 

@@ -36,7 +36,7 @@ use crate::probe::OwnProbes;
 mod events;
 mod upstream_sockets;
 
-use crate::roles::Transport;
+use crate::roles::{Transport, UpstreamGroup};
 use crate::stats::ListenerStats;
 use crate::systemd::Heartbeats;
 use crate::tcp_pool::UpstreamSide;
@@ -332,14 +332,15 @@ pub fn run(relay: Relay) {
 }
 
 impl Shell {
-    /// Keeps connected sockets for every upstream this listener's queries can go to, and closes
-    /// those of upstreams no longer in use.
+    /// Keeps connected sockets for every upstream of every group this listener's routes name,
+    /// and closes those of upstreams no longer in use.
     fn connect_upstreams(&mut self, engine: &Engine) {
         let sets = engine.upstreams();
-        let mut wanted: Vec<SocketAddr> = sets.kube_dns.addrs().to_vec();
-        if engine.role() == crate::roles::ListenerRole::Node {
-            wanted.extend_from_slice(sets.vnet_dns.addrs());
-        }
+        let wanted: Vec<SocketAddr> = UpstreamGroup::BOTH
+            .into_iter()
+            .filter(|&group| engine.sends_to(group))
+            .flat_map(|group| sets.get(group).addrs().iter().copied())
+            .collect();
         self.upstream_sockets
             .connect(&wanted, &self.epoll, FIRST_UPSTREAM);
     }

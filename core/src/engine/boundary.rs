@@ -110,12 +110,14 @@ pub enum Failure {
     /// The network said no: ICMP unreachable, connection refused or reset, a stream that closed
     /// before the reply.
     Network(io::ErrorKind),
-    /// This host cannot reach the upstream's address family (no socket of that family).
+    /// The shell holds no socket for the try (none could be made for the upstream's address,
+    /// or it keeps none for that upstream): ours, not the upstream's.
     NoSocket,
     /// The upstream answered, but with SERVFAIL, REFUSED or NOTIMP (the RCODE), or with an
     /// error and no question: it cannot resolve this now, another upstream may.
     ErrorReply(u8),
-    /// Our own resources ran out (descriptors, buffers, query IDs): not the upstream's fault.
+    /// The try never left this host: our resources ran out (descriptors, buffers, query IDs) or
+    /// the kernel refused the send itself (no such address family, source address or route).
     Local(io::ErrorKind),
 }
 
@@ -130,7 +132,10 @@ impl Failure {
 }
 
 /// EMFILE, ENFILE, ENOBUFS, ENOMEM: the process or the host ran out of something.
-const LOCAL_ERRNOS: [i32; 4] = [24, 23, 105, 12];
+/// EAFNOSUPPORT, EADDRNOTAVAIL, ENETUNREACH: the kernel refused the send before anything left,
+/// for want of the family, a source address or a route on this host (an upstream beyond a
+/// router that cannot be reached shows as silence or as ICMP, read from the socket).
+const LOCAL_ERRNOS: [i32; 7] = [24, 23, 105, 12, 97, 99, 101];
 
 /// Something worth telling the operator; the shells turn these into log lines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +150,13 @@ pub enum Event {
     UpstreamRecovered {
         group: UpstreamGroup,
         upstream: SocketAddr,
+    },
+    /// A try never left this host (a [`Failure::Local`] or [`Failure::NoSocket`]); the upstream's
+    /// health is untouched.
+    NotSent {
+        group: UpstreamGroup,
+        upstream: SocketAddr,
+        failure: Failure,
     },
     /// Every try for a name failed and this many clients got the expired cached answer.
     ServedStale { answers: usize },

@@ -91,6 +91,13 @@ impl Routes {
         self.find(listener, name).is_none_or(|(d, _)| d == b"\0")
     }
 
+    /// Whether some name on `listener` goes to `group`: the groups its relays must reach.
+    pub fn reaches(&self, listener: ListenerRole, group: UpstreamGroup) -> bool {
+        let routes = &self.by_listener[listener as usize];
+        routes.iter().any(|&(_, g)| g == group)
+            || (routes.is_empty() && group == UpstreamGroup::KubeDns)
+    }
+
     /// The routes of `listener`, longest domain first.
     pub fn of(&self, listener: ListenerRole) -> &[(Vec<u8>, UpstreamGroup)] {
         &self.by_listener[listener as usize]
@@ -246,6 +253,11 @@ mod tests {
         assert_eq!(HEALTH_CHECK, name("health-check.localdns.local").as_slice());
         assert_eq!(REDDOG, name("reddog.microsoft.com").as_slice());
         assert_eq!(CLOUDAPP_INTERNAL, name("internal.cloudapp.net").as_slice());
+        let reaches = |l| UpstreamGroup::BOTH.map(|g| cd.reaches(l, g));
+        assert_eq!(
+            (reaches(node), reaches(cluster)),
+            ([true, true], [false, true])
+        );
     }
 
     /// The hosts file in the root blocks only: A, AAAA and PTR from it, NODATA for its names'
@@ -331,6 +343,10 @@ mod tests {
         assert_eq!(route(node, &name("contoso.internal"), &r), kube);
         assert_eq!(route(cluster, &name("contoso.internal"), &r), kube);
         assert_eq!(route(cluster, &name("a.corp.example"), &r), vnet);
+        assert!(
+            r.reaches(cluster, UpstreamGroup::VnetDns),
+            "the relay must reach it"
+        );
         assert_eq!(route(node, &name("a.corp.example"), &r), vnet);
         assert_eq!(route(cluster, &name("svc.cluster.local"), &r), kube);
         r.set(node, &name("contoso.internal"), UpstreamGroup::VnetDns);

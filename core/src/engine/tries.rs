@@ -10,7 +10,8 @@ use rand::Rng;
 
 use super::pending::{MAX_TRIES, Orphan, Pending, Slot, Timer, TimerKind, Try, TryKey};
 use super::{
-    Dest, Engine, Event, Failure, HEDGE_COST, HEDGE_FLOOR, HEDGE_UNKNOWN, ID_DRAWS, Leg, Via,
+    Dest, Engine, Event, Failure, HEDGE_COST, HEDGE_FLOOR, HEDGE_UNKNOWN, ID_DRAWS, Leg,
+    SOCKET_RUN, Via,
 };
 use crate::roles::{Transport, UpstreamGroup};
 use crate::upstream::Choice;
@@ -39,38 +40,45 @@ impl Engine {
         }
     }
 
-    /// A try's hedge timer fired: the try's own timeout is armed now, and a hedge goes out if
-    /// the try is still the latest and the budget allows.
+    /// A try's hedge timer fired: the try's own timeout is armed now (the first time), and a
+    /// hedge goes out if the try is still the latest and the budget allows; if the budget does
+    /// not, the timer looks again later.
     pub(super) fn hedge(&mut self, slot: u32, try_no: usize, now: Instant) {
         let p = self.pending(slot);
-        let timeout = p.tries[try_no]
-            .filter(|t| t.live)
-            .map(|t| (t.sent + self.settings.upstream_timeout).min(p.deadline));
-        if let Some(at) = timeout {
-            self.arm(slot, try_no, at, TimerKind::TryTimeout);
-        }
+        let Some(t) = p.tries[try_no].filter(|t| t.live) else {
+            return;
+        };
+        let (timeout, group) = (
+            (t.sent + self.settings.upstream_timeout).min(p.deadline),
+            p.group,
+        );
         // Late: likely lost. It stops counting as outstanding, or one lost packet would steer
         // every query away from its server until the timeout; and a server late again and
         // again is likely dead, so new queries go elsewhere first.
-        let group = self.pending(slot).group;
-        if let Some(t) = self.pending_mut(slot).tries[try_no]
-            .as_mut()
-            .filter(|t| t.counted)
-        {
-            t.counted = false;
-            let to = t.leg.to;
-            self.upstreams.get(group).note_late(to);
+        if t.counted {
+            self.arm(slot, try_no, timeout, TimerKind::TryTimeout);
+            self.upstreams.get(group).note_late(t.leg.to);
+            if let Some(t) = self.pending_mut(slot).tries[try_no].as_mut() {
+                t.counted = false;
+            }
         }
         let p = self.pending(slot);
-        let still_out = p.tries[try_no].is_some_and(|t| t.live);
-        if p.hedged || !still_out || try_no + 1 != p.ntries || p.ntries == MAX_TRIES {
+        if p.hedged || try_no + 1 != p.ntries || p.ntries == MAX_TRIES {
             return;
         }
-        let probe = p.tries[try_no].is_some_and(|t| t.probe);
         // Hedges of probes are free (at most one probe per server per `PROBE_EVERY`); the rest
         // are paid for from the budget, so in an outage hedges add at most a fifth to the load.
-        if !probe {
+        if !t.probe {
             if self.hedge_tokens < HEDGE_COST {
+                // The budget refills with every new query. An upstream that drops a burst of
+                // datagrams (a full socket buffer) leaves more tries late at once than the budget
+                // holds: each looks again after as long again as it has waited (a few looks at
+                // most), rather than hold its client the whole try timeout, which a client
+                // waiting for its answer (a closed loop, 200 outstanding) pays in throughput.
+                let again = now + now.saturating_duration_since(t.sent).max(HEDGE_FLOOR);
+                if again < timeout {
+                    self.arm(slot, try_no, again, TimerKind::Hedge);
+                }
                 return;
             }
             self.hedge_tokens -= HEDGE_COST;
@@ -162,15 +170,21 @@ impl Engine {
                 set.note_error_reply(upstream, counted, now);
                 false
             }
-            Failure::Local(_) => {
+            // Never evidence against the upstream: health is shared by every relay thread of
+            // both listeners, and one thread's missing socket would make the others' queries
+            // to a working upstream fail at once.
+            Failure::Local(_) | Failure::NoSocket => {
                 if counted {
                     set.end_try(upstream);
                 }
+                self.events.push_back(Event::NotSent {
+                    group,
+                    upstream,
+                    failure,
+                });
                 false
             }
-            Failure::Network(_) | Failure::NoSocket => {
-                set.note_failure(upstream, counted, sent, now)
-            }
+            Failure::Network(_) => set.note_failure(upstream, counted, sent, now),
         };
         if demoted {
             self.events.push_back(Event::UpstreamSuspect {
@@ -272,9 +286,7 @@ impl Engine {
             };
             let via = match transport {
                 Transport::Udp if refetch.is_none() => Via::Udp {
-                    socket: self
-                        .rng
-                        .random_range(0..self.settings.udp_sockets_per_upstream.max(1)),
+                    socket: self.udp_socket(),
                 },
                 Transport::Udp | Transport::Tcp => Via::Tcp,
             };
@@ -326,6 +338,22 @@ impl Engine {
             self.arm(slot, try_no, at, kind);
             return;
         }
+    }
+
+    /// The UDP socket of the next try: drawn at random and kept for `SOCKET_RUN` tries, so the
+    /// tries of one batch leave in one `sendmmsg` and their replies come back on one socket
+    /// (one `recvmmsg`, one wake-up of the upstream) rather than spread over every socket; which
+    /// socket a try used is still unknown to an off-path spoofer.
+    fn udp_socket(&mut self) -> usize {
+        let (socket, left) = &mut self.socket_run;
+        if *left == 0 {
+            *socket = self
+                .rng
+                .random_range(0..self.settings.udp_sockets_per_upstream.max(1));
+            *left = SOCKET_RUN;
+        }
+        *left -= 1;
+        *socket
     }
 
     /// Sets a timer for the query now in `slot` (try `try_no`, or 0 for the query's own).

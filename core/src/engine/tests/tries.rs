@@ -79,6 +79,86 @@ fn one_hedge_per_query_and_hedges_stay_a_bounded_share() {
     assert_eq!(rig.to_client().len(), 1000);
 }
 
+/// An upstream that drops a burst of datagrams (its socket buffer full) leaves more tries late
+/// at once than the hedge budget holds. The budget refills as new queries come, and each late
+/// try looks again until it is paid for: its client waits milliseconds, not the try's timeout
+/// (a client with a closed loop of queries pays that second in throughput). The budget holds.
+#[test]
+fn a_burst_of_lost_tries_beyond_the_budget_is_hedged_as_the_budget_refills() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    let burst_name = |i: u16| wire::encode_name(&format!("b{i}.svc")).unwrap();
+    let (mut id, mut steady) = (0u16, 0usize);
+    // A quick server: the hedge delay is its floor.
+    let mut answered = |rig: &mut Rig, ms: u64| {
+        id += 1;
+        steady += 1;
+        rig.query(&query(id, &format!("s{id}.svc"), None), ms);
+        let (leg, sent) = rig.last_upstream();
+        rig.reply_at(leg, answer(&sent, 60), leg.to, ms);
+    };
+    for ms in 0..10 {
+        answered(&mut rig, ms);
+    }
+    const BURST: u16 = 120;
+    for i in 0..BURST {
+        rig.query(&query(1000 + i, &format!("b{i}.svc"), None), 10);
+    }
+    // Ten answered queries a millisecond: two hedges' worth.
+    for ms in 11..300 {
+        for _ in 0..10 {
+            answered(&mut rig, ms);
+        }
+        rig.tick(ms);
+    }
+    let sends_of = |name: &[u8]| {
+        rig.sent
+            .iter()
+            .filter(|(d, b)| {
+                matches!(d, Dest::Upstream(_)) && b.get(12..12 + name.len()) == Some(name)
+            })
+            .count()
+    };
+    let unhedged: Vec<u16> = (0..BURST)
+        .filter(|&i| sends_of(&burst_name(i)) < 2)
+        .collect();
+    assert!(unhedged.is_empty(), "left to the try timeout: {unhedged:?}");
+    let hedges = rig.upstream_sends() - steady - usize::from(BURST);
+    let most =
+        (steady + usize::from(BURST)) / HEDGE_COST as usize + (HEDGE_BURST / HEDGE_COST) as usize;
+    assert!(
+        hedges <= most,
+        "{hedges} hedges, more than the budget's {most}"
+    );
+}
+
+/// Tries go through one socket in runs of `SOCKET_RUN` (a relay's batch leaves in one
+/// `sendmmsg`), each run's socket drawn at random, so every socket is used.
+#[test]
+fn tries_go_through_one_socket_a_run_and_every_socket_in_turn() {
+    let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    let runs = 40;
+    for i in 0..(SOCKET_RUN * runs) as u16 {
+        rig.query(&query(i, &format!("n{i}.svc"), None), 0);
+    }
+    let sockets: Vec<usize> = rig
+        .sent
+        .iter()
+        .filter_map(|(d, _)| match d {
+            Dest::Upstream(Leg {
+                via: Via::Udp { socket },
+                ..
+            }) => Some(*socket),
+            _ => None,
+        })
+        .collect();
+    for run in sockets.chunks(SOCKET_RUN as usize) {
+        assert!(run.iter().all(|s| *s == run[0]), "{run:?}");
+    }
+    for socket in 0..crate::rig::SOCKETS {
+        assert!(sockets.contains(&socket), "socket {socket} never drawn");
+    }
+}
+
 #[test]
 fn an_error_reply_moves_the_query_to_another_upstream_at_once() {
     for code in [rcode::REFUSED, rcode::SERVFAIL, rcode::NOTIMP] {
@@ -280,8 +360,88 @@ fn local_resource_errors_do_not_count_against_the_upstream() {
     let emfile = Failure::from_io(&io::Error::from_raw_os_error(24));
     assert!(matches!(emfile, Failure::Local(_)));
     rig.fail(leg, emfile, 1);
-    assert!(rig.events.is_empty(), "not suspect: {:?}", rig.events);
+    assert!(
+        !rig.events
+            .iter()
+            .any(|e| matches!(e, Event::UpstreamSuspect { .. })),
+        "not suspect: {:?}",
+        rig.events
+    );
     assert!(!rig.engine.upstreams.kube_dns.is_suspect(up(1)));
+}
+
+/// A try that never left this host (no socket for it in this relay, a send the kernel refused
+/// for want of the family or a route) fails over at once, and with nothing else to try the
+/// client gets SERVFAIL at once; but it is no evidence against the upstream, whose health the
+/// other listener shares: there, queries to it still go out and are answered.
+#[test]
+fn a_try_that_never_left_this_host_is_no_evidence_against_its_upstream() {
+    let errno = |n| Failure::from_io(&io::Error::from_raw_os_error(n));
+    // No socket; EAFNOSUPPORT; ENETUNREACH.
+    for failure in [Failure::NoSocket, errno(97), errno(101)] {
+        for transport in BOTH {
+            let mut cluster = Rig::with(
+                transport,
+                ListenerRole::Cluster,
+                vec![up(1)],
+                vec![up(2)],
+                |s| {
+                    let domain = wire::encode_name("example.com").unwrap();
+                    s.routes
+                        .set(ListenerRole::Cluster, &domain, UpstreamGroup::VnetDns)
+                },
+            );
+            // Twenty names over three seconds, every try of each failing as it is sent.
+            for i in 0..20u16 {
+                let ms = u64::from(i) * 150;
+                let mut seen = cluster.upstream_sends();
+                cluster.query(&query(i, &format!("n{i}.example.com"), None), ms);
+                while cluster.upstream_sends() > seen {
+                    seen = cluster.upstream_sends();
+                    let (leg, _) = cluster.last_upstream();
+                    assert_eq!(
+                        leg.to,
+                        up(1),
+                        "{failure:?} {transport:?}: routed to the VNet DNS"
+                    );
+                    cluster.fail(leg, failure, ms);
+                }
+                let last = cluster.to_client().pop().expect("answered at once");
+                assert_eq!(
+                    (wire::id(&last), wire::rcode(&last)),
+                    (i, rcode::SERVFAIL),
+                    "{failure:?} {transport:?}"
+                );
+            }
+            let sets = cluster.engine.upstreams().clone();
+            assert!(
+                !sets.vnet_dns.is_suspect(up(1)),
+                "{failure:?} {transport:?}"
+            );
+            assert!(
+                !cluster
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::UpstreamSuspect { .. })),
+                "{failure:?} {transport:?}: {:?}",
+                cluster.events
+            );
+            // The node listener, sharing the health: its query goes to the VNet DNS.
+            let mut node = Rig::new(transport, ListenerRole::Node, vec![up(1)], vec![up(2)]);
+            node.engine.set_upstreams(sets);
+            let outcome = node.query(&query(99, "www.example.com", None), 3000);
+            assert_eq!(outcome, Outcome::Waiting, "{failure:?} {transport:?}");
+            let (leg, sent) = node.last_upstream();
+            assert_eq!(leg.to, up(1));
+            node.reply_at(leg, answer(&sent, 60), up(1), 3001);
+            let got = node.to_client().pop().expect("answered");
+            assert_eq!(
+                wire::rcode(&got),
+                rcode::NOERROR,
+                "{failure:?} {transport:?}"
+            );
+        }
+    }
 }
 
 #[test]
