@@ -17,9 +17,9 @@
 //!   rounds its proof asks (counted by the world from its own rounds and takes), and at the
 //!   round that completes them;
 //! - a LocalDNS that serves healthily is never taken from; throttled, the flows change hands at
-//!   most once every [`UNREAD_REST`];
+//!   most once every `UNREAD_REST`;
 //! - the steering is pointed afresh within a look after the groups' members moved it, within
-//!   [`STRAY_GAP`] of a pod's query reaching the standby aside, and the addresses put back on
+//!   `STRAY_GAP` of a pod's query reaching the standby aside, and the addresses put back on
 //!   lo at once while the standby holds the flows.
 //!
 //! A failure names its seed; `FLOWS_SEED=<seed>` replays it, `FLOWS_LIFECYCLES=<n>` runs more.
@@ -28,6 +28,21 @@
 use super::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+// What the standby promises, written out here again rather than read from the machine: a change
+// to one of its constants is a change of behaviour, and the model must see it. (They shadow the
+// machine's constants of the same names.)
+const PROBE_EVERY: Duration = Duration::from_millis(120);
+const ROUNDS_TO_ACT: u32 = 2;
+const LOOK_EVERY: Duration = Duration::from_millis(30);
+const LOOK_BUSY: Duration = Duration::from_millis(1);
+const STOPPED_FOR: Duration = Duration::from_millis(4);
+const UNREAD_FOR: Duration = Duration::from_millis(30);
+const STRAY_GAP: Duration = Duration::from_millis(10);
+const UNREAD_REST: Duration = Duration::from_secs(10);
+const SAME_PROOF: Duration = Duration::from_secs(10);
+const RECUR: Duration = Duration::from_secs(60);
+const MAX_PROOF: Duration = Duration::from_secs(30);
 
 /// The shell's wait for a probe round.
 const WAIT: Duration = Duration::from_millis(120);
