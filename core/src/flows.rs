@@ -18,7 +18,8 @@
 //! answered for [`Flows::proof`] rounds: two for a LocalDNS that restarted, was stopped or lost
 //! its addresses; [`SAME_PROOF`] for the same process the probe found silent (mute or starved: it
 //! answers its probe well once the pods' load is off it); twice as long each time the process
-//! the flows were handed back to fails again within [`RECUR`], up to [`MAX_PROOF`].
+//! the flows were handed back to fails again the same way within [`RECUR`], up to
+//! [`MAX_PROOF`].
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -79,9 +80,10 @@ pub const UNREAD_REST: Duration = Duration::from_secs(10);
 /// hand them back into the same starvation (once a second in a 6 s squeeze). Starvations last
 /// seconds; this outlasts the ones seen.
 pub const SAME_PROOF: Duration = Duration::from_secs(10);
-/// A take this soon after a hand-back, from the process the flows were handed to, is the same
-/// fault coming back: the next proof is doubled. A LocalDNS that restarted since starts afresh
-/// (each crash of a crash storm is a fault of its own).
+/// A take this soon after a hand-back, for the same cause and from the process the flows were
+/// handed to, is the same fault coming back: the next proof is doubled. A LocalDNS that restarted
+/// since starts afresh (each crash of a crash storm is a fault of its own), and so does another
+/// cause (a restart of LocalDNS, then a hang of the new process, are two faults).
 pub const RECUR: Duration = Duration::from_secs(60);
 /// The longest proof, however often the fault came back: a recovered LocalDNS gets its flows
 /// back within this.
@@ -192,8 +194,9 @@ pub struct Flows {
     /// process.
     taken_from: Vec<u64>,
     handed_back_at: Option<Instant>,
-    /// LocalDNS's sockets when the flows were handed back.
+    /// LocalDNS's sockets when the flows were handed back, and why they were last taken.
     handed_to: Vec<u64>,
+    last_why: Option<Why>,
     /// Takes in a row that each came within [`RECUR`] of a hand-back to the same process.
     recurrences: u32,
     out: VecDeque<Out>,
@@ -222,6 +225,7 @@ impl Flows {
             taken_from: Vec::new(),
             handed_back_at: None,
             handed_to: Vec::new(),
+            last_why: None,
             recurrences: 0,
             out: VecDeque::new(),
         };
@@ -466,6 +470,7 @@ impl Flows {
 
     fn take(&mut self, now: Instant, why: Why) {
         let recurs = self.handed_back_at.is_some_and(|at| now < at + RECUR)
+            && self.last_why == Some(why)
             && self
                 .watched
                 .iter()
@@ -473,6 +478,7 @@ impl Flows {
         self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
         self.holder = Holder::Standby;
         self.taken_for = Some(why);
+        self.last_why = Some(why);
         self.taken_from = self.watched.iter().map(|w| w.inode).collect();
         self.silent = 0;
         self.answered = 0;

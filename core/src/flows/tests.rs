@@ -420,6 +420,7 @@ impl World {
             ));
         }
         let recurs = self.last_hand_back.is_some_and(|at| self.now < at + RECUR)
+            && self.last_take == Some(why)
             && self.view.iter().any(|i| self.view_at_hand_back.contains(i));
         self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
         self.target = Holder::Standby;
