@@ -194,7 +194,8 @@ pub struct Flows {
     /// process.
     taken_from: Vec<u64>,
     handed_back_at: Option<Instant>,
-    /// LocalDNS's sockets when the flows were handed back, and why they were last taken.
+    /// LocalDNS's sockets when the flows were handed back to the process they were taken from,
+    /// and why they were last taken.
     handed_to: Vec<u64>,
     last_why: Option<Why>,
     /// Takes in a row that each came within [`RECUR`] of a hand-back to the same process.
@@ -301,12 +302,16 @@ impl Flows {
         }
     }
 
+    /// A socket the flows were taken from is still LocalDNS's: the same process.
+    fn same_process(&self) -> bool {
+        self.watched
+            .iter()
+            .any(|w| self.taken_from.contains(&w.inode))
+    }
+
     /// Answered rounds LocalDNS owes before the flows go back (see the module's doc).
     pub fn proof(&self) -> u32 {
-        let same = self
-            .watched
-            .iter()
-            .any(|w| self.taken_from.contains(&w.inode));
+        let same = self.same_process();
         let base = match self.taken_for {
             Some(Why::SilentProbe) if same => rounds(SAME_PROOF),
             _ => ROUNDS_TO_ACT,
@@ -329,7 +334,11 @@ impl Flows {
         self.holder = Holder::LocalDns;
         self.taken_for = None;
         self.handed_back_at = Some(now);
-        self.handed_to = self.watched.iter().map(|w| w.inode).collect();
+        // Only a process that failed and was trusted again can fail again.
+        self.handed_to = match self.same_process() {
+            true => self.watched.iter().map(|w| w.inode).collect(),
+            false => Vec::new(),
+        };
         self.next_look = now;
         self.out.push_back(Out::HandBack);
     }

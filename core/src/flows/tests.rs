@@ -462,7 +462,8 @@ impl World {
         self.stale = None;
         self.strayed = None;
         self.last_hand_back = Some(self.now);
-        self.view_at_hand_back = self.view.clone();
+        let same = self.view.iter().any(|i| self.view_at_take.contains(i));
+        self.view_at_hand_back = if same { self.view.clone() } else { Vec::new() };
         self.hand_back_due = false;
         self.on_lo = false;
         self.report_addresses();
