@@ -190,8 +190,11 @@ pub struct Flows {
     looks: u32,
     unread_rests_until: Option<Instant>,
     addresses: Addresses,
-    /// LocalDNS's sockets when the flows were taken: one still there at the hand-back is the same
-    /// process.
+    /// LocalDNS's sockets at its last answered round.
+    served_from: Vec<u64>,
+    /// Those of them still there when the flows were taken: one still there at the hand-back is
+    /// the same process, which served and failed (a LocalDNS that restarted and has not answered
+    /// yet is a new one, starting).
     taken_from: Vec<u64>,
     handed_back_at: Option<Instant>,
     /// LocalDNS's sockets when the flows were handed back to the process they were taken from,
@@ -223,6 +226,7 @@ impl Flows {
             looks: 0,
             unread_rests_until: None,
             addresses: Addresses::Theirs,
+            served_from: Vec::new(),
             taken_from: Vec::new(),
             handed_back_at: None,
             handed_to: Vec::new(),
@@ -284,6 +288,7 @@ impl Flows {
         if answered {
             self.silent = 0;
             self.answered += 1;
+            self.served_from = self.watched.iter().map(|w| w.inode).collect();
             self.hand_back_if_proven(now);
             return;
         }
@@ -488,7 +493,9 @@ impl Flows {
         self.holder = Holder::Standby;
         self.taken_for = Some(why);
         self.last_why = Some(why);
-        self.taken_from = self.watched.iter().map(|w| w.inode).collect();
+        self.taken_from = (self.watched.iter().map(|w| w.inode))
+            .filter(|i| self.served_from.contains(i))
+            .collect();
         self.silent = 0;
         self.answered = 0;
         self.out.push_back(Out::Take(why));

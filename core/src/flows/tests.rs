@@ -142,6 +142,8 @@ struct World {
     view_complete: bool,
     view_at_take: Vec<u64>,
     view_at_hand_back: Vec<u64>,
+    /// The last look's inodes at LocalDNS's last answered round.
+    view_at_answer: Vec<u64>,
     last_hand_back: Option<Instant>,
     recurrences: u32,
     /// The owners' state the world last gave.
@@ -427,7 +429,9 @@ impl World {
         self.stale = None;
         self.strayed = None;
         self.last_take = Some(why);
-        self.view_at_take = self.view.clone();
+        self.view_at_take = (self.view.iter().copied())
+            .filter(|i| self.view_at_answer.contains(i))
+            .collect();
         self.silent_in_row = 0;
         self.answered_since_take = 0;
         self.takes += 1;
@@ -695,6 +699,7 @@ impl World {
             if answered {
                 self.silent_in_row = 0;
                 self.answered_since_take += 1;
+                self.view_at_answer = self.view.clone();
             } else {
                 self.silent_in_row += 1;
                 if self.silent_in_row >= ROUNDS_TO_ACT {
@@ -724,6 +729,8 @@ impl World {
         self.answered_since_take = 0;
         self.view.clear();
         self.view_at_take.clear();
+        self.view_at_answer.clear();
+        self.view_at_hand_back.clear();
         self.rest_until = None;
         self.last_take = None;
         self.last_hand_back = None;
@@ -915,6 +922,7 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         view_complete: false,
         view_at_take: Vec::new(),
         view_at_hand_back: Vec::new(),
+        view_at_answer: Vec::new(),
         last_hand_back: None,
         recurrences: 0,
         owners_said: None,
