@@ -15,10 +15,10 @@
 //!
 //! The flows go back only to a LocalDNS that can keep them: its addresses on a link of its own
 //! (not only on lo, where the standby put them), a socket of its in every group, and its probe
-//! answered for [`Flows::proof`] rounds: two for a LocalDNS that restarted, was stopped or lost
-//! its addresses; [`SAME_PROOF`] for the same process the probe found silent (mute or starved: it
-//! answers its probe well once the pods' load is off it); twice as long each time the process
-//! the flows were handed back to fails again the same way within [`RECUR`], up to
+//! answered for its proof: two rounds for a LocalDNS that restarted, was stopped or lost its
+//! addresses; [`SAME_PROOF`] for a process that served and then went silent to its probe (mute or
+//! starved: it answers its probe well once the pods' load is off it); twice as long each time the
+//! process the flows were handed back to fails again the same way within [`RECUR`], up to
 //! [`MAX_PROOF`].
 
 use std::collections::VecDeque;
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 /// How often the probe is asked. Two silent rounds take the flows within half a second.
 pub const PROBE_EVERY: Duration = Duration::from_millis(120);
 /// Rounds in a row that decide: two silent ones take the flows (one lost reply under load moves
-/// nothing); two answered ones are the least proof that gives them back (see [`Flows::proof`]).
+/// nothing); two answered ones are the least proof that gives them back.
 pub const ROUNDS_TO_ACT: u32 = 2;
 /// How often the kernel's view is read while LocalDNS holds the flows and its queues were empty
 /// at the last look: a query left unread is seen at most this late. Each look wakes the standby
@@ -315,7 +315,7 @@ impl Flows {
     }
 
     /// Answered rounds LocalDNS owes before the flows go back (see the module's doc).
-    pub fn proof(&self) -> u32 {
+    fn proof(&self) -> u32 {
         let same = self.same_process();
         let base = match self.taken_for {
             Some(Why::SilentProbe) if same => rounds(SAME_PROOF),
