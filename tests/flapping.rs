@@ -20,6 +20,9 @@ const METRICS: &str = "127.0.0.1:9358";
 /// From the end of a fault to the last pod's query not answered by LocalDNS: the probe's rounds
 /// and whatever longer proof a LocalDNS taken from again soon must give, bounded at seconds.
 const HAND_BACK_WITHIN: Duration = Duration::from_secs(6);
+/// A LocalDNS that served and then went silent to its probe proves itself for 10 s before it gets
+/// its flows back (`flows::SAME_PROOF`); taken as late as the lift, it has them 10 s after it.
+const STARVED_BACK_WITHIN: Duration = Duration::from_secs(12);
 
 /// The stand-in's own process (see `StandIn`).
 #[test]
@@ -178,7 +181,7 @@ const KNOT_COST: Duration = Duration::from_micros(20);
 
 /// LocalDNS's CPU quota at 2 % (2 ms of every 100 ms) for 8 s under 2,000 queries a second, each
 /// costing it what it costs knot, then lifted: the flows change hands at most once each way, and
-/// are LocalDNS's again within seconds of the lift.
+/// are LocalDNS's again within its proof of the lift.
 #[test]
 fn a_localdns_starved_for_eight_seconds_changes_hands_at_most_once_each_way() {
     let (topo, _up, _r, mut localdns, f) = beside(KNOT_COST);
@@ -195,7 +198,7 @@ fn a_localdns_starved_for_eight_seconds_changes_hands_at_most_once_each_way() {
         let samples = open_loop(
             &topo.node,
             2_000,
-            Duration::from_secs(18),
+            Duration::from_secs(24),
             Duration::from_millis(1500),
         );
         (samples, squeezer.join().unwrap())
@@ -221,7 +224,7 @@ fn a_localdns_starved_for_eight_seconds_changes_hands_at_most_once_each_way() {
         "{hand_backs} hand-backs in one squeeze:\n{logs}"
     );
     assert!(
-        back_in <= HAND_BACK_WITHIN,
+        back_in <= STARVED_BACK_WITHIN,
         "LocalDNS had every flow only {back_in:?} after the lift:\n{logs}"
     );
     assert!(!after.2, "the standby still holds flows:\n{logs}");
