@@ -33,16 +33,10 @@ fn standin_process() {
 /// A node namespace, one upstream, the stand-in (4 sockets per listener, spending `cost` of CPU
 /// on each answer) and the standby with its metrics, standing by.
 fn beside(cost: Duration) -> (Topology, Upstream, Responder, StandIn, Standby) {
-    let (topo, up, r) = node_and_upstream();
-    let localdns = StandIn::start_costing(&topo.node, 4, cost);
-    let f = Standby::spawn(&topo.node, &up, &["--metrics", METRICS]);
-    assert!(
-        f.wait_for_log("standing by", Duration::from_secs(10)),
-        "{}",
-        f.logs()
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    (topo, up, r, localdns, f)
+    standby_beside(
+        |ns| StandIn::start_costing(ns, 4, cost),
+        &["--metrics", METRICS],
+    )
 }
 
 /// Takes and hand-backs so far (every cause), and whether the standby holds any flow.

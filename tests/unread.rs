@@ -125,16 +125,7 @@ impl Watch {
 
 /// A node namespace, one upstream answering 10.0.0.1, the stand-in and the standby beside it.
 fn beside(per_address: usize) -> (Topology, Upstream, Responder, StandIn, Standby) {
-    let (topo, up, r) = node_and_upstream();
-    let localdns = StandIn::start(&topo.node, per_address);
-    let f = Standby::spawn(&topo.node, &up, &[]);
-    assert!(
-        f.wait_for_log("standing by", Duration::from_secs(10)),
-        "{}",
-        f.logs()
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    (topo, up, r, localdns, f)
+    standby_beside(|ns| StandIn::start(ns, per_address), &[])
 }
 
 fn healthy(per_address: usize) {

@@ -290,3 +290,27 @@ impl Drop for Standby {
         let _ = self.child.wait();
     }
 }
+
+/// A node namespace, one upstream answering 10.0.0.1, the stand-in LocalDNS `localdns` makes, and
+/// the standby (with `args`) beside it, standing by.
+pub fn standby_beside(
+    localdns: impl FnOnce(&Netns) -> StandIn,
+    args: &[&str],
+) -> (
+    super::netns::Topology,
+    Upstream,
+    super::responder::Responder,
+    StandIn,
+    Standby,
+) {
+    let (topo, up, r) = super::rig::node_and_upstream();
+    let localdns = localdns(&topo.node);
+    let f = Standby::spawn(&topo.node, &up, args);
+    assert!(
+        f.wait_for_log("standing by", Duration::from_secs(10)),
+        "{}",
+        f.logs()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    (topo, up, r, localdns, f)
+}
