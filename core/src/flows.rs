@@ -173,7 +173,6 @@ struct Watched {
 #[derive(Debug)]
 pub struct Flows {
     holder: Holder,
-    taken_for: Option<Why>,
     silent: u32,
     answered: u32,
     asking: bool,
@@ -198,7 +197,7 @@ pub struct Flows {
     taken_from: Vec<u64>,
     handed_back_at: Option<Instant>,
     /// LocalDNS's sockets when the flows were handed back to the process they were taken from,
-    /// and why they were last taken.
+    /// and why they were last taken (while we hold them: why we hold them).
     handed_to: Vec<u64>,
     last_why: Option<Why>,
     /// Takes in a row that each came within [`RECUR`] of a hand-back to the same process.
@@ -212,7 +211,6 @@ impl Flows {
     pub fn new(now: Instant, localdns_serves: bool) -> Flows {
         let mut f = Flows {
             holder: Holder::LocalDns,
-            taken_for: None,
             silent: 0,
             answered: 0,
             asking: false,
@@ -317,7 +315,7 @@ impl Flows {
     /// Answered rounds LocalDNS owes before the flows go back (see the module's doc).
     fn proof(&self) -> u32 {
         let same = self.same_process();
-        let base = match self.taken_for {
+        let base = match self.last_why {
             Some(Why::SilentProbe) if same => rounds(SAME_PROOF),
             _ => ROUNDS_TO_ACT,
         };
@@ -333,11 +331,10 @@ impl Flows {
         {
             return;
         }
-        if self.taken_for == Some(Why::Unread) {
+        if self.last_why == Some(Why::Unread) {
             self.unread_rests_until = Some(now + UNREAD_REST);
         }
         self.holder = Holder::LocalDns;
-        self.taken_for = None;
         self.handed_back_at = Some(now);
         // Only a process that failed and was trusted again can fail again.
         self.handed_to = match self.same_process() {
@@ -491,7 +488,6 @@ impl Flows {
                 .any(|w| self.handed_to.contains(&w.inode));
         self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
         self.holder = Holder::Standby;
-        self.taken_for = Some(why);
         self.last_why = Some(why);
         self.taken_from = (self.watched.iter().map(|w| w.inode))
             .filter(|i| self.served_from.contains(i))
