@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hickory_proto::rr::RecordType;
 
 const LISTENERS: [&str; 2] = ["169.254.10.10:53", "169.254.10.11:53"];
 const METRICS: &str = "127.0.0.1:9358";
@@ -63,40 +61,14 @@ fn hands(ns: &Netns) -> (u64, u64, bool) {
     )
 }
 
-/// Pods: every 20 ms a query to each listener from a new socket (a new flow), each waiting up to
-/// 1 s, for `how_long`. A query that cannot be sent (no route while the addresses are on no
-/// interface) is lost, as it is for a pod.
+/// Pods: every 20 ms a new flow to each listener, each waiting up to 1 s, for `how_long`.
 fn pods(ns: &Netns, how_long: Duration) -> JoinHandle<Vec<Sample>> {
-    let at = Place::from(ns);
-    std::thread::spawn(move || {
-        let started = Instant::now();
-        let mut askers = Vec::new();
-        let mut id = 0u16;
-        while started.elapsed() < how_long {
-            for to in LISTENERS {
-                id = id.wrapping_add(1);
-                let query = make_query("a.example.", RecordType::A, id, None);
-                let at = at.clone();
-                askers.push(std::thread::spawn(move || {
-                    let to: SocketAddr = to.parse().unwrap();
-                    let sent = Instant::now();
-                    let reply = udp_exchange(at, to, &query, Duration::from_secs(1));
-                    let by = |r: &[u8]| match r.len() > 7 && r[7] > 0 {
-                        true => By::Standby,
-                        false => By::LocalDns,
-                    };
-                    Sample {
-                        sent,
-                        answered: reply.map(|r| (Instant::now(), by(&r))),
-                    }
-                }));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let mut samples: Vec<Sample> = askers.into_iter().map(|t| t.join().unwrap()).collect();
-        samples.sort_by_key(|s| s.sent);
-        samples
-    })
+    new_flows(
+        ns,
+        Duration::from_millis(20),
+        Duration::from_secs(1),
+        how_long,
+    )
 }
 
 /// How long after `end` the last query not answered by LocalDNS was sent (zero if none).

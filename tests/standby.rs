@@ -7,17 +7,14 @@
 mod common;
 
 use localdns_fallback::flows::{LOOK_BUSY, LOOK_EVERY, UNREAD_FOR};
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hickory_proto::rr::RecordType;
 use nix::sys::signal::Signal;
 
 const NODE: &str = "169.254.10.10:53";
-const CLUSTER: &str = "169.254.10.11:53";
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Who {
@@ -29,34 +26,23 @@ enum Who {
 /// What a pod sees: queries from new sockets (new flows) to both listeners every 5 ms, each
 /// waiting up to 100 ms, for `how_long`. Each sample: when it was sent and who answered.
 fn ask_for(ns: &Netns, how_long: Duration) -> JoinHandle<Vec<(Instant, Who)>> {
-    let at = Place::from(ns);
+    let pods = new_flows(
+        ns,
+        Duration::from_millis(5),
+        Duration::from_millis(100),
+        how_long,
+    );
     std::thread::spawn(move || {
-        let started = Instant::now();
-        let mut askers = Vec::new();
-        let mut id = 0u16;
-        while started.elapsed() < how_long {
-            for to in [NODE, CLUSTER] {
-                id = id.wrapping_add(1);
-                let query = make_query("a.example.", RecordType::A, id, None);
-                let at = at.clone();
-                let sent = Instant::now();
-                askers.push(std::thread::spawn(move || {
-                    let to: SocketAddr = to.parse().unwrap();
-                    let who = match udp_exchange(at, to, &query, Duration::from_millis(100)) {
-                        // The upstream answers with a record; LocalDNS's stand-in with none.
-                        Some(r) if r.len() > 7 && r[7] > 0 => Who::Fallback,
-                        Some(_) => Who::LocalDns,
-                        None => Who::Nobody,
-                    };
-                    (sent, who)
-                }));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let mut samples: Vec<(Instant, Who)> =
-            askers.into_iter().map(|t| t.join().unwrap()).collect();
-        samples.sort_by_key(|s| s.0);
-        samples
+        let who = |s: Sample| match s.answered {
+            Some((_, By::Standby)) => Who::Fallback,
+            Some((_, By::LocalDns)) => Who::LocalDns,
+            None => Who::Nobody,
+        };
+        pods.join()
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.sent, who(s)))
+            .collect()
     })
 }
 

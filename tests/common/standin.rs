@@ -314,3 +314,45 @@ pub fn standby_beside(
     std::thread::sleep(Duration::from_millis(300));
     (topo, up, r, localdns, f)
 }
+
+/// Pods asking both listeners every `every`, each query from a new socket (a new flow) waiting up
+/// to `wait`, for `how_long`. An answer with a record is the upstream's (through the standby),
+/// one without is the stand-in LocalDNS's; a query that cannot be sent (no route while the
+/// addresses are on no interface) is unanswered, as it is for a pod.
+pub fn new_flows(
+    ns: &Netns,
+    every: Duration,
+    wait: Duration,
+    how_long: Duration,
+) -> JoinHandle<Vec<Sample>> {
+    let at = super::netns::Place::from(ns);
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let mut askers = Vec::new();
+        let mut id = 0u16;
+        while started.elapsed() < how_long {
+            for to in ["169.254.10.10:53", "169.254.10.11:53"] {
+                id = id.wrapping_add(1);
+                let query = make_query("a.example.", RecordType::A, id, None);
+                let at = at.clone();
+                let sent = Instant::now();
+                askers.push(std::thread::spawn(move || {
+                    let to: SocketAddr = to.parse().unwrap();
+                    let reply = super::client::udp_exchange(at, to, &query, wait);
+                    let by = |r: &[u8]| match r.len() > 7 && r[7] > 0 {
+                        true => By::Standby,
+                        false => By::LocalDns,
+                    };
+                    Sample {
+                        sent,
+                        answered: reply.map(|r| (Instant::now(), by(&r))),
+                    }
+                }));
+            }
+            std::thread::sleep(every);
+        }
+        let mut samples: Vec<Sample> = askers.into_iter().map(|t| t.join().unwrap()).collect();
+        samples.sort_by_key(|s| s.sent);
+        samples
+    })
+}
