@@ -22,7 +22,9 @@
 //! - [`discover`]: upstreams from the node's own state, one file per source, and following them.
 //! - [`listen`]: socket binding (IP_FREEBIND, SO_REUSEPORT shared with LocalDNS, bounded retry
 //!   while a port is busy) and the steering programs that put flows on our sockets or LocalDNS's.
-//! - [`probe`]: LocalDNS's own probe question on both listeners: is LocalDNS serving?
+//! - [`standby`]: who holds LocalDNS's flows, carried out: the loop every daemon runs, the probe
+//!   (LocalDNS's own question on both listeners), what the processes behind its sockets do.
+//! - [`stop`]: the one way every thread and task is told to stop.
 //! - [`link`]: the listener addresses on `lo`, over rtnetlink.
 //! - [`privilege`]: dropping capabilities once start-up is done.
 //! - [`confine`]: no writes to the node's files, from the first instant (Landlock).
@@ -32,8 +34,8 @@
 //! - [`report`]: `localdns-fallback discover`, what the daemon would use.
 //! - [`status`]: `localdns-fallback status`, who answers the listeners (LocalDNS, a fallback, or
 //!   nothing), for node-problem-detector.
-//! - [`server`]: start-up (the guard beside a serving LocalDNS, link, bind, privileges), serving
-//!   until the stop signal, and the standby mode.
+//! - [`server`]: start-up (the guard beside a serving LocalDNS, link, bind, privileges) and
+//!   serving until the stop signal.
 //!
 //! The unit tests of the pure modules run without a network; the integration tests in `tests/`
 //! run the real binary on loopback without root where the node's namespaces are not needed (the
@@ -53,11 +55,12 @@ pub mod mailbox;
 pub mod metrics;
 pub mod mmsg;
 pub mod privilege;
-pub mod probe;
 pub mod relay;
 pub mod report;
 pub mod server;
+pub mod standby;
 pub mod status;
+pub mod stop;
 pub mod systemd;
 pub mod tcp;
 pub mod tcp_pool;

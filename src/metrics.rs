@@ -13,10 +13,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::cache::Cache;
+use crate::flows::Cause;
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 use crate::stats::{
-    Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, TakeoverCause, Takeovers,
-    UpstreamStats,
+    Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, Takeovers, UpstreamStats,
 };
 use crate::upstream::UpstreamSets;
 
@@ -57,7 +57,7 @@ enum Samples {
     /// One sample per upstream, labelled `group` and `upstream`.
     PerUpstream(fn(&UpstreamStats) -> u64),
     /// One sample per takeover cause, labelled `cause`.
-    PerCause(fn(&Takeovers, TakeoverCause) -> u64),
+    PerCause(fn(&Takeovers, Cause) -> u64),
     /// One sample, unlabelled (whole numbers print without a fraction).
     One(fn(&Scrape) -> f64),
     /// Writes its own sample lines for the series it is given the name of.
@@ -313,9 +313,9 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
                 }
             }
             Samples::PerCause(get) => {
-                for c in TakeoverCause::ALL {
+                for c in Cause::ALL {
                     let n = get(&counters.takeovers, c);
-                    let _ = writeln!(o, "{name}{{cause=\"{}\"}} {n}", c.name());
+                    let _ = writeln!(o, "{name}{{cause=\"{}\"}} {n}", c.label());
                 }
             }
             Samples::One(get) => {
@@ -452,7 +452,7 @@ mod tests {
         assert!(text.contains("localdns_fallback_standby 0\n"));
         let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         m.takeovers.set_standby(true);
-        m.takeovers.took_over(TakeoverCause::AddressesGone, at);
+        m.takeovers.took_over(Cause::AddressesGone, at);
         let text = render(&m, &sets, None);
         assert!(text.contains("localdns_fallback_holding_flows{listener=\"cluster\"} 1\n"));
         assert!(text.contains("localdns_fallback_takeovers_total{cause=\"addresses_gone\"} 1\n"));

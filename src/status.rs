@@ -19,9 +19,9 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use crate::cli::{self, Command, Config};
-use crate::probe::{Prober, Seen};
+use crate::flows::Cause;
 use crate::roles::ListenerRole;
-use crate::stats::TakeoverCause;
+use crate::standby::probe::{Prober, Seen};
 
 /// Rounds asked of each listener; one answer is enough, as for LocalDNS's own probe.
 const ROUNDS: u32 = 3;
@@ -77,7 +77,7 @@ struct Published {
     /// The last takeover, seconds since the Unix epoch (0: never).
     since: f64,
     /// The cause of the takeover in force.
-    cause: Option<TakeoverCause>,
+    cause: Option<Cause>,
 }
 
 /// Everything looked at: whether each listener answered, and each fallback with what it says.
@@ -231,17 +231,17 @@ fn published(text: &str) -> Result<Published, String> {
             .ok_or("its metrics have no localdns_fallback_holding_flows (an older version?)")?
             == 1.0;
     }
-    let by_cause = |total: &str, c: TakeoverCause| {
+    let by_cause = |total: &str, c: Cause| {
         value(&format!(
             "localdns_fallback_{total}{{cause=\"{}\"}}",
-            c.name()
+            c.label()
         ))
         .unwrap_or(0.0)
     };
     Ok(Published {
         holding,
         since: value("localdns_fallback_last_takeover_timestamp_seconds").unwrap_or(0.0),
-        cause: TakeoverCause::ALL
+        cause: Cause::ALL
             .into_iter()
             .find(|&c| by_cause("takeovers_total", c) > by_cause("handbacks_total", c)),
     })
@@ -277,7 +277,7 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
             ago(now - p.since)
         );
         if let Some(cause) = p.cause {
-            line += &format!(", because {}", because(cause));
+            line += &format!(", because {}", cause.sentence());
         }
         // While the standby holds the flows, its steering still sends the probe name to
         // LocalDNS's sockets: silence here is LocalDNS's own.
@@ -317,16 +317,6 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
         line += &format!("; {} stands by", daemon.name());
     }
     (Verdict::Ok, line)
-}
-
-fn because(cause: TakeoverCause) -> &'static str {
-    match cause {
-        TakeoverCause::LocalDnsFailed => "LocalDNS failed",
-        TakeoverCause::AddressesGone => "LocalDNS's addresses went away",
-        TakeoverCause::SilentProbe => "LocalDNS's probe went unanswered",
-        TakeoverCause::UnreadQueries => "LocalDNS left queries unread in its sockets",
-        TakeoverCause::ByHand => "it was started by hand",
-    }
 }
 
 /// Seconds since the Unix epoch as RFC 3339 in UTC, to the second.
@@ -389,7 +379,7 @@ mod tests {
         let holding = Published {
             holding: [true, true],
             since: 1_750_000_000.0,
-            cause: Some(TakeoverCause::SilentProbe),
+            cause: Some(Cause::SilentProbe),
         };
         let idle = Published {
             holding: [false, false],
@@ -437,14 +427,14 @@ mod tests {
         let sets =
             crate::upstream::UpstreamSets::uncounted(vec![], vec![], std::time::Instant::now());
         m.takeovers
-            .took_over(TakeoverCause::LocalDnsFailed, at(1_700_000_000));
+            .took_over(Cause::LocalDnsFailed, at(1_700_000_000));
         let p = published(&crate::metrics::render(&m, &sets, None)).unwrap();
         assert_eq!(
             p,
             Published {
                 holding: [true, true],
                 since: 1_700_000_000.0,
-                cause: Some(TakeoverCause::LocalDnsFailed),
+                cause: Some(Cause::LocalDnsFailed),
             }
         );
         m.takeovers.handed_back(at(1_700_000_100));

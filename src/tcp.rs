@@ -18,13 +18,14 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use crate::engine::ConnId;
 use crate::frame::{self, FrameDecoder};
 use crate::mailbox::{Letter, Mailbox};
 use crate::roles::ListenerRole;
+use crate::stop::Stop;
 use crate::wire;
 
 /// Queries one TCP client connection may have in flight at once (RFC 7766 pipelining).
@@ -86,6 +87,11 @@ impl ClientSide {
         }
     }
 
+    /// Completes once every connection has ended (each holds a permit for its life).
+    pub async fn closed(&self) {
+        let _ = self.connections.acquire_many(self.cap as u32).await;
+    }
+
     fn open(&self) -> std::sync::MutexGuard<'_, HashMap<ConnId, Arc<Conn>>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -102,6 +108,12 @@ impl ClientSide {
             t.saturating_duration_since(self.epoch).as_millis() as u64 + 1
         });
         conn.idle_since_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Tells every open connection to stop reading: the stop (each still waits for the answers
+    /// to what it asked).
+    fn close_all(&self) {
+        self.open().values().for_each(|c| c.close.notify_one());
     }
 
     /// Closes the connection idle the longest; false when none is idle. A walk over at most
@@ -176,19 +188,17 @@ fn budget(configured: usize, limit: usize, others: usize) -> usize {
     (limit.saturating_sub(others) / 2).clamp(1, configured.max(1))
 }
 
-/// Accepts TCP clients until `stop` turns true, then drops the listening socket at once.
-/// `drain` is held by every connection so the caller can wait for them to finish.
-pub async fn serve(
-    socket: TcpListener,
-    side: Arc<ClientSide>,
-    mut stop: watch::Receiver<bool>,
-    drain: mpsc::Sender<()>,
-) {
+/// Accepts TCP clients until `stop`, then drops the listening socket at once and tells the
+/// connections. Each holds a permit of `side` until it ends, so the caller can wait for them
+/// ([`ClientSide::closed`]).
+pub async fn serve(socket: TcpListener, side: Arc<ClientSide>, stop: Arc<Stop>) {
     let warned = &mut (std::time::Instant::now() - Duration::from_secs(60));
+    let stopped = stop.stopped();
+    tokio::pin!(stopped);
     loop {
         let accepted = tokio::select! {
             accepted = socket.accept() => accepted,
-            _ = stop.changed() => return,
+            () = &mut stopped => return side.close_all(),
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
@@ -222,13 +232,7 @@ pub async fn serve(
         };
         let turn = side.next.fetch_add(1, Ordering::Relaxed) % side.mailboxes.len();
         let mailbox = side.mailboxes[turn].clone();
-        tokio::spawn(connection(
-            stream,
-            side.clone(),
-            mailbox,
-            stop.clone(),
-            (drain.clone(), permit),
-        ));
+        tokio::spawn(connection(stream, side.clone(), mailbox, permit));
     }
 }
 
@@ -236,8 +240,7 @@ async fn connection(
     stream: TcpStream,
     side: Arc<ClientSide>,
     mailbox: Arc<Mailbox>,
-    mut stop: watch::Receiver<bool>,
-    _held: (mpsc::Sender<()>, OwnedSemaphorePermit),
+    _permit: OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
     let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
@@ -276,7 +279,6 @@ async fn connection(
                 Ok(Ok(n)) if n > 0 => n,
                 _ => break,
             },
-            _ = stop.changed() => break,
             () = state.close.notified() => break,
         };
         side.set_idle(&state, None);

@@ -44,7 +44,7 @@ fn bind_ours() -> Bound {
     rt.block_on(listen::bind_listener(
         listener(),
         Duration::from_secs(1),
-        listen::FlowsTo::Us,
+        true,
     ))
     .expect("binds")
 }
@@ -100,7 +100,7 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
     ns.enter(|| {
         let mut ours = bind_ours();
         assert_eq!(
-            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (ours.steering.udp.index(), ours.steering.tcp.index()),
             (Some(0), Some(0))
         );
         let our_tcp = ours.tcp;
@@ -160,7 +160,7 @@ fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
         let (orphan_udp, orphan_tcp) = bind_coredns();
         let ours = bind_ours();
         assert_eq!(
-            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (ours.steering.udp.index(), ours.steering.tcp.index()),
             (Some(1), Some(1)),
             "joined after the orphan"
         );
@@ -176,7 +176,8 @@ fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
 #[test]
 fn when_the_orphan_exits_the_steering_follows_our_new_place() {
     // The orphan (index 0) exits while we are the last member: the kernel moves us to index 0,
-    // and the program still names 1, which a LocalDNS starting next would get. `follow` sees it.
+    // and the program still names 1, which a LocalDNS starting next would get. The re-point
+    // (`steer_to_us` afresh, as the standby's loop does when a look finds the members changed) sees it.
     let ns = node();
     ns.enter(|| {
         let (orphan_udp, orphan_tcp) = bind_coredns();
@@ -184,10 +185,10 @@ fn when_the_orphan_exits_the_steering_follows_our_new_place() {
         let our_tcp = ours.tcp;
         drop((orphan_udp, orphan_tcp));
         ours.steering
-            .follow(ours.udp.as_fd(), our_tcp.as_fd())
+            .steer_to_us(ours.udp.as_fd(), our_tcp.as_fd())
             .unwrap();
         assert_eq!(
-            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (ours.steering.udp.index(), ours.steering.tcp.index()),
             (Some(0), Some(0))
         );
         let (ld_udp, ld_tcp) = bind_coredns();
@@ -206,13 +207,13 @@ fn when_the_orphan_exits_the_steering_follows_our_new_place() {
 #[test]
 fn a_localdns_restarted_since_our_last_look_gets_the_flows_at_the_hand_over() {
     // A hung LocalDNS's socket (index 0) when we bound (index 1); it closes and the kernel moves
-    // us into index 0; the restarted LocalDNS joins at 1; no `follow` ran between (it runs every
-    // 100 ms). Handing over with the place known before would point the flows at index 0: us.
+    // us into index 0; the restarted LocalDNS joins at 1; no look ran between (one runs every
+    // 30 ms). Handing over with the place known before would point the flows at index 0: us.
     let ns = node();
     ns.enter(|| {
         let (old_udp, old_tcp) = bind_coredns();
         let mut ours = bind_ours();
-        assert_eq!(ours.steering.udp_slot(), Some(1));
+        assert_eq!(ours.steering.udp.index(), Some(1));
         let our_tcp = ours.tcp;
         drop((old_udp, old_tcp));
         let (ld_udp, ld_tcp) = bind_coredns();
@@ -222,7 +223,7 @@ fn a_localdns_restarted_since_our_last_look_gets_the_flows_at_the_hand_over() {
             .unwrap();
         assert!(handed, "the restarted LocalDNS is in both groups");
         assert_eq!(
-            (ours.steering.udp_slot(), ours.steering.tcp_slot()),
+            (ours.steering.udp.index(), ours.steering.tcp.index()),
             (Some(0), Some(0))
         );
         send_flows(200, 1);

@@ -286,7 +286,7 @@ fn no_file_of_a_module_directory_depends_on_itself_through_its_siblings() {
 #[test]
 fn names_after_a_prefix_include_each_item_of_a_group() {
     let text =
-        "use super::{bind::Bound, steer::{Held, Slot}, tool};\nlet x = super::super::leases::f();";
+        "use super::{bind::Bound, steer::{Held, Place}, tool};\nlet x = super::super::leases::f();";
     assert_eq!(
         named_after(text, "super::"),
         ["bind", "steer", "tool", "super", "leases"]

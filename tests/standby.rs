@@ -264,7 +264,7 @@ fn standby_serves_at_once_where_no_localdns_is_bound() {
     assert_eq!(r.answers, ["10.0.0.1"], "{}\n{}", r.raw, f.logs());
     assert!(
         f.logs()
-            .contains("LocalDNS does not answer; serving its listeners"),
+            .contains("LocalDNS's probe went unanswered; serving its listeners"),
         "{}",
         f.logs()
     );

@@ -157,7 +157,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     drop(localdns);
     assert!(
         f.wait_for_log(
-            "the listener addresses are gone with LocalDNS's link",
+            "LocalDNS's addresses went away; serving its listeners",
             Duration::from_secs(5)
         ),
         "{}",

@@ -95,15 +95,52 @@ pub enum Holder {
     Standby,
 }
 
-/// Why the standby took the flows.
+/// Cause the flows are ours: the one list that the log, `/metrics` (its `cause` label) and
+/// `status` all read. In declaration order: a cause's index in [`Cause::ALL`] is `cause as usize`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Why {
-    /// LocalDNS did not answer when the standby started.
-    NotServing,
+pub enum Cause {
+    /// Started by systemd for a LocalDNS that failed (`OnFailure=`).
+    LocalDnsFailed,
+    /// The listener addresses went with LocalDNS's link.
+    AddressesGone,
+    /// Two probe rounds in a row went unanswered (so did the two a standby asks at its start).
     SilentProbe,
     /// A LocalDNS socket left its queue unread for [`UNREAD_FOR`].
     Unread,
-    AddressesGone,
+    /// Started by neither: an operator, a test.
+    ByHand,
+}
+
+impl Cause {
+    pub const ALL: [Cause; 5] = [
+        Cause::LocalDnsFailed,
+        Cause::AddressesGone,
+        Cause::SilentProbe,
+        Cause::Unread,
+        Cause::ByHand,
+    ];
+
+    /// The `cause` label of the takeover metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Cause::LocalDnsFailed => "localdns_failed",
+            Cause::AddressesGone => "addresses_gone",
+            Cause::SilentProbe => "silent_probe",
+            Cause::Unread => "unread_queries",
+            Cause::ByHand => "by_hand",
+        }
+    }
+
+    /// What happened, in the words of the log and of `status`.
+    pub fn sentence(self) -> &'static str {
+        match self {
+            Cause::LocalDnsFailed => "LocalDNS failed",
+            Cause::AddressesGone => "LocalDNS's addresses went away",
+            Cause::SilentProbe => "LocalDNS's probe went unanswered",
+            Cause::Unread => "LocalDNS left queries unread in its sockets",
+            Cause::ByHand => "it was started by hand",
+        }
+    }
 }
 
 /// Where the listener addresses are, as the shell last found them.
@@ -122,7 +159,7 @@ pub enum Addresses {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Out {
     /// New flows to us, the listener addresses on lo.
-    Take(Why),
+    Take(Cause),
     /// New flows to LocalDNS, the addresses off lo.
     HandBack,
     /// The steering afresh for the same holder, from the groups as they are now (a member that
@@ -199,16 +236,16 @@ pub struct Flows {
     /// LocalDNS's sockets when the flows were handed back to the process they were taken from,
     /// and why they were last taken (while we hold them: why we hold them).
     handed_to: Vec<u64>,
-    last_why: Option<Why>,
+    last_cause: Option<Cause>,
     /// Takes in a row that each came within [`RECUR`] of a hand-back to the same process.
     recurrences: u32,
     out: VecDeque<Out>,
 }
 
 impl Flows {
-    /// A standby starting at `now`: beside a LocalDNS that answered (its listeners were bound with
-    /// the flows on LocalDNS's sockets), or taking them at once.
-    pub fn new(now: Instant, localdns_serves: bool) -> Flows {
+    /// A daemon starting at `now`: beside a LocalDNS that answered (`None`: its listeners were
+    /// bound with the flows on LocalDNS's sockets), or taking them at once for `cause`.
+    pub fn new(now: Instant, taken: Option<Cause>) -> Flows {
         let mut f = Flows {
             holder: Holder::LocalDns,
             silent: 0,
@@ -228,12 +265,12 @@ impl Flows {
             taken_from: Vec::new(),
             handed_back_at: None,
             handed_to: Vec::new(),
-            last_why: None,
+            last_cause: None,
             recurrences: 0,
             out: VecDeque::new(),
         };
-        if !localdns_serves {
-            f.take(now, Why::NotServing);
+        if let Some(cause) = taken {
+            f.take(now, cause);
         }
         f
     }
@@ -297,7 +334,7 @@ impl Flows {
             self.answered = 0;
         }
         match self.holder {
-            Holder::LocalDns if self.silent >= ROUNDS_TO_ACT => self.take(now, Why::SilentProbe),
+            Holder::LocalDns if self.silent >= ROUNDS_TO_ACT => self.take(now, Cause::SilentProbe),
             // Asked again at once: a round refused (nothing bound: ICMP port unreachable) ends
             // in well under a millisecond, and the take is then due as soon.
             Holder::LocalDns => self.next_ask = now,
@@ -315,8 +352,8 @@ impl Flows {
     /// Answered rounds LocalDNS owes before the flows go back (see the module's doc).
     fn proof(&self) -> u32 {
         let same = self.same_process();
-        let base = match self.last_why {
-            Some(Why::SilentProbe) if same => rounds(SAME_PROOF),
+        let base = match self.last_cause {
+            Some(Cause::SilentProbe) if same => rounds(SAME_PROOF),
             _ => ROUNDS_TO_ACT,
         };
         base.saturating_mul(1 << self.recurrences.min(8))
@@ -331,7 +368,7 @@ impl Flows {
         {
             return;
         }
-        if self.last_why == Some(Why::Unread) {
+        if self.last_cause == Some(Cause::Unread) {
             self.unread_rests_until = Some(now + UNREAD_REST);
         }
         self.holder = Holder::LocalDns;
@@ -351,7 +388,7 @@ impl Flows {
     pub fn addresses(&mut self, now: Instant, addresses: Addresses) {
         self.addresses = addresses;
         match (self.holder, addresses) {
-            (Holder::LocalDns, Addresses::Gone) => self.take(now, Why::AddressesGone),
+            (Holder::LocalDns, Addresses::Gone) => self.take(now, Cause::AddressesGone),
             (Holder::Standby, Addresses::Gone) => self.out.push_back(Out::Repoint),
             _ => {}
         }
@@ -443,8 +480,8 @@ impl Flows {
         }
         let old = self.stalled(UNREAD_FOR).count() > 0;
         match owners {
-            Owners::Stopped => self.take(now, Why::Unread),
-            Owners::Asleep if old => self.take(now, Why::Unread),
+            Owners::Stopped => self.take(now, Cause::Unread),
+            Owners::Asleep if old => self.take(now, Cause::Unread),
             Owners::Runnable if old => {
                 let suspects = self.suspects();
                 for w in self
@@ -479,22 +516,22 @@ impl Flows {
         }
     }
 
-    fn take(&mut self, now: Instant, why: Why) {
+    fn take(&mut self, now: Instant, cause: Cause) {
         let recurs = self.handed_back_at.is_some_and(|at| now < at + RECUR)
-            && self.last_why == Some(why)
+            && self.last_cause == Some(cause)
             && self
                 .watched
                 .iter()
                 .any(|w| self.handed_to.contains(&w.inode));
         self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
         self.holder = Holder::Standby;
-        self.last_why = Some(why);
+        self.last_cause = Some(cause);
         self.taken_from = (self.watched.iter().map(|w| w.inode))
             .filter(|i| self.served_from.contains(i))
             .collect();
         self.silent = 0;
         self.answered = 0;
-        self.out.push_back(Out::Take(why));
+        self.out.push_back(Out::Take(cause));
     }
 }
 

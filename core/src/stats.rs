@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::flows::Cause;
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 
 /// Upper bounds of the upstream latency histogram, in seconds: LAN answers take well under a
@@ -83,54 +84,17 @@ impl ListenerStats {
     }
 }
 
-/// Why this process took LocalDNS's flows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TakeoverCause {
-    /// Started by systemd for a LocalDNS that failed (`OnFailure=`).
-    LocalDnsFailed,
-    /// The standby saw LocalDNS's listener addresses go (its link deleted).
-    AddressesGone,
-    /// The standby's probe went unanswered.
-    SilentProbe,
-    /// The standby saw LocalDNS leave queries unread in its sockets (stopped or blocked).
-    UnreadQueries,
-    /// Started by neither: an operator, a test.
-    ByHand,
-}
-
-impl TakeoverCause {
-    /// In declaration order: a cause's index here is `cause as usize`.
-    pub const ALL: [TakeoverCause; 5] = [
-        TakeoverCause::LocalDnsFailed,
-        TakeoverCause::AddressesGone,
-        TakeoverCause::SilentProbe,
-        TakeoverCause::UnreadQueries,
-        TakeoverCause::ByHand,
-    ];
-
-    /// The `cause` label.
-    pub fn name(self) -> &'static str {
-        match self {
-            TakeoverCause::LocalDnsFailed => "localdns_failed",
-            TakeoverCause::AddressesGone => "addresses_gone",
-            TakeoverCause::SilentProbe => "silent_probe",
-            TakeoverCause::UnreadQueries => "unread_queries",
-            TakeoverCause::ByHand => "by_hand",
-        }
-    }
-}
-
 /// Who holds LocalDNS's flows and how they moved, for a fleet view of every takeover. Both
 /// listeners move together, so one holder stands for both.
 #[derive(Debug, Default)]
 pub struct Takeovers {
     /// 0 while LocalDNS holds the flows (or we stand by); else 1 + the index in
-    /// [`TakeoverCause::ALL`] of the takeover in force.
+    /// [`Cause::ALL`] of the takeover in force.
     holding: AtomicU64,
     standby: AtomicU64,
-    taken: [AtomicU64; TakeoverCause::ALL.len()],
+    taken: [AtomicU64; Cause::ALL.len()],
     /// By the cause of the takeover each hand-back ended.
-    handed: [AtomicU64; TakeoverCause::ALL.len()],
+    handed: [AtomicU64; Cause::ALL.len()],
     /// Milliseconds since the Unix epoch; 0 for never.
     last_taken: AtomicU64,
     last_handed: AtomicU64,
@@ -152,7 +116,7 @@ impl Takeovers {
 
     /// New flows come to us from `at` on. Counted once per takeover: taking again while we hold
     /// them changes nothing, not even the cause.
-    pub fn took_over(&self, cause: TakeoverCause, at: SystemTime) {
+    pub fn took_over(&self, cause: Cause, at: SystemTime) {
         let index = cause as usize;
         let held = self
             .holding
@@ -172,13 +136,13 @@ impl Takeovers {
     }
 
     /// The cause of the takeover in force, while we hold the flows.
-    pub fn holding(&self) -> Option<TakeoverCause> {
+    pub fn holding(&self) -> Option<Cause> {
         let index = self.holding.load(Relaxed).checked_sub(1)?;
-        TakeoverCause::ALL.get(index as usize).copied()
+        Cause::ALL.get(index as usize).copied()
     }
 
     /// Takeovers and hand-backs so far, for `cause`.
-    pub fn count(&self, cause: TakeoverCause) -> (u64, u64) {
+    pub fn count(&self, cause: Cause) -> (u64, u64) {
         let i = cause as usize;
         (self.taken[i].load(Relaxed), self.handed[i].load(Relaxed))
     }
@@ -288,15 +252,15 @@ mod tests {
         let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_500);
         t.handed_back(at);
         assert_eq!(t.last(), (0.0, 0.0), "nothing held, nothing handed back");
-        t.took_over(TakeoverCause::SilentProbe, at);
-        t.took_over(TakeoverCause::AddressesGone, at + Duration::from_secs(1));
-        assert_eq!(t.holding(), Some(TakeoverCause::SilentProbe));
-        assert_eq!(t.count(TakeoverCause::SilentProbe), (1, 0));
-        assert_eq!(t.count(TakeoverCause::AddressesGone), (0, 0));
+        t.took_over(Cause::SilentProbe, at);
+        t.took_over(Cause::AddressesGone, at + Duration::from_secs(1));
+        assert_eq!(t.holding(), Some(Cause::SilentProbe));
+        assert_eq!(t.count(Cause::SilentProbe), (1, 0));
+        assert_eq!(t.count(Cause::AddressesGone), (0, 0));
         assert_eq!(t.last().0, 1_700_000_000.5);
         t.handed_back(at + Duration::from_secs(2));
         assert_eq!(t.holding(), None);
-        assert_eq!(t.count(TakeoverCause::SilentProbe), (1, 1));
+        assert_eq!(t.count(Cause::SilentProbe), (1, 1));
         assert_eq!(t.last().1, 1_700_000_002.5);
     }
 }

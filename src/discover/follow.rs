@@ -38,7 +38,7 @@ pub struct Owned {
     pub cluster: bool,
 }
 
-/// Runs until `stop`. `first_pass` is sent once both groups have been looked for once, so the
+/// Runs until dropped. `first_pass` is sent once both groups have been looked for once, so the
 /// server can start answering with upstreams rather than SERVFAIL when the node has them.
 pub async fn follow(
     settings: Settings,
@@ -47,7 +47,6 @@ pub async fn follow(
     publish: watch::Sender<Arc<UpstreamSets>>,
     metrics: Arc<Counters>,
     first_pass: oneshot::Sender<()>,
-    mut stop: watch::Receiver<bool>,
 ) {
     let settings = Arc::new(settings);
     let mut first_pass = Some(first_pass);
@@ -97,10 +96,7 @@ pub async fn follow(
         } else {
             RESOLV_CONF_CHECK
         };
-        tokio::select! {
-            _ = tokio::time::sleep(next) => {}
-            _ = stop.changed() => return,
-        }
+        tokio::time::sleep(next).await;
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::diag::{Proto, group_members};
-use super::steer::{FlowsTo, Held, Slot, Steering, steer_at_join};
+use super::steer::{Held, Place, Steering, steer_at_join};
 
 /// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
 /// the worker is busy waits in the kernel instead of being dropped, and a burst of answers (a
@@ -44,28 +44,28 @@ impl Bound {
 }
 
 /// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
-/// orphaned CoreDNS can hold it for a moment after a crash. New flows go where `flows` says from
-/// the instant each socket joins its group.
+/// orphaned CoreDNS can hold it for a moment after a crash. New flows go to us if `to_us`, else
+/// to the other members, from the instant each socket joins its group.
 pub async fn bind_listener(
     addr: SocketAddr,
     patience: Duration,
-    flows: FlowsTo,
+    to_us: bool,
 ) -> Result<Bound, String> {
     let started = Instant::now();
     loop {
-        match bind_pair(addr, flows) {
+        match bind_pair(addr, to_us) {
             Ok((udp, tcp, bound, steering)) => {
                 let udp = udp.into();
                 let tcp: std::net::TcpListener = tcp.into();
                 tcp.set_nonblocking(true)
                     .map_err(|e| format!("cannot make TCP socket {addr} non-blocking: {e}"))?;
-                let first = steering.udp_slot() == Some(0) && steering.tcp_slot() == Some(0);
-                if flows == FlowsTo::Us && !first {
+                let first = steering.udp.index() == Some(0) && steering.tcp.index() == Some(0);
+                if to_us && !first {
                     // A LocalDNS that is starting (or an orphaned CoreDNS).
                     tracing::info!(
                         %addr,
-                        udp_slot = ?steering.udp_slot(),
-                        tcp_slot = ?steering.tcp_slot(),
+                        udp_slot = ?steering.udp.index(),
+                        tcp_slot = ?steering.tcp.index(),
                         "sharing the port with sockets bound before ours; they get no flows while we serve"
                     );
                 }
@@ -92,22 +92,19 @@ pub async fn bind_listener(
 
 /// Binds UDP, then TCP on the same port. Port 0 (tests) means the port the kernel gives the UDP
 /// socket; should TCP find that port taken, another pair is tried.
-fn bind_pair(
-    addr: SocketAddr,
-    flows: FlowsTo,
-) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
+fn bind_pair(addr: SocketAddr, to_us: bool) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
     for _ in 0..16 {
-        match bind_pair_once(addr, flows) {
+        match bind_pair_once(addr, to_us) {
             Err(e) if addr.port() == 0 && e.kind() == io::ErrorKind::AddrInUse => continue,
             other => return other,
         }
     }
-    bind_pair_once(addr, flows)
+    bind_pair_once(addr, to_us)
 }
 
 fn bind_pair_once(
     addr: SocketAddr,
-    flows: FlowsTo,
+    to_us: bool,
 ) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
     // Members already in each group come first; we join at the end. (A process binding at the
     // same instant could take our index; LocalDNS does not start while we start.)
@@ -119,13 +116,13 @@ fn bind_pair_once(
     udp.bind(&addr.into())?;
     // Nothing between the join and the steering: see `steer_at_join`.
     if let (true, Some(before)) = (share, &udp_before) {
-        steer_at_join(udp.as_fd(), before.len() as u32, flows, addr);
+        steer_at_join(udp.as_fd(), before.len() as u32, to_us, addr);
     }
     let addr = udp
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
-    let udp_slot = slot(inode(udp.as_fd())?, udp_before.as_deref());
+    let udp_slot = place(inode(udp.as_fd())?, udp_before.as_deref());
     let tcp_before = members_before(addr, Proto::Tcp, share);
     let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
     // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
@@ -134,9 +131,9 @@ fn bind_pair_once(
     // A TCP socket joins its group when it starts listening; the program goes on after that.
     tcp.listen(TCP_BACKLOG)?;
     if let (true, Some(before)) = (share, &tcp_before) {
-        steer_at_join(tcp.as_fd(), before.len() as u32, flows, addr);
+        steer_at_join(tcp.as_fd(), before.len() as u32, to_us, addr);
     }
-    let tcp_slot = slot(inode(tcp.as_fd())?, tcp_before.as_deref());
+    let tcp_slot = place(inode(tcp.as_fd())?, tcp_before.as_deref());
     Ok((
         udp,
         tcp,
@@ -164,8 +161,8 @@ fn members_before(addr: SocketAddr, proto: Proto, share: bool) -> Option<Vec<u64
         .ok()
 }
 
-fn slot(ours: u64, before: Option<&[u64]>) -> Slot {
-    before.map_or(Slot::unknown(ours), |b| Slot::joined(ours, b))
+fn place(ours: u64, before: Option<&[u64]>) -> Place {
+    before.map_or(Place::unknown(ours), |b| Place::joined(ours, b))
 }
 
 /// A socket's inode, the number sock_diag names it by.

@@ -16,56 +16,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Steering {
     pub addr: SocketAddr,
-    pub udp: Slot,
-    pub tcp: Slot,
+    pub udp: Place,
+    pub tcp: Place,
 }
 
 impl Steering {
-    /// Index of our UDP socket in its group, if known.
-    pub fn udp_slot(&self) -> Option<u32> {
-        self.udp.index()
-    }
-
-    /// Index of our TCP listener in its group, if known.
-    pub fn tcp_slot(&self) -> Option<u32> {
-        self.tcp.index()
-    }
-
-    /// Follows members that came or went since the last look and, where our index moved, points
-    /// the program at the new one. If it can no longer be known (a member below us left while we
-    /// were the last one), the program is detached: plain sharing beats steering to a stranger.
-    /// Asks sock_diag, unless we are first in the group; the serving side calls it every 100 ms
-    /// while it is in charge.
-    pub fn follow(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
-        let addr = self.addr;
-        for (slot, fd, proto) in [
-            (&mut self.udp, udp, Proto::Udp),
-            (&mut self.tcp, tcp, Proto::Tcp),
-        ] {
-            let before = slot.index();
-            // First in the group, our place cannot move: only a member before us leaving shifts
-            // it, and members join at the end. That is the usual case, and it spares the look.
-            if before == Some(0) {
-                continue;
-            }
-            slot.update(&group_members(addr, proto)?);
-            match (before, slot.index()) {
-                (a, b) if a == b => {}
-                (_, Some(index)) => {
-                    tracing::info!(%addr, ?proto, index, "our place in the port's group moved");
-                    steer_to(fd, index)?;
-                }
-                (_, None) => {
-                    tracing::warn!(%addr, ?proto, "our place in the port's group is no longer known; sharing flows");
-                    unsteer(fd)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// See [`Held::take`]. A port that is not shared (port 0) has nothing to steer.
-    pub fn take(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
+    /// See [`Held::steer_to_us`]. A port that is not shared (port 0) has nothing to steer.
+    pub fn steer_to_us(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
         if self.addr.port() == 0 {
             return Ok(());
         }
@@ -152,13 +109,6 @@ impl Held {
         })
     }
 
-    /// Follows our place in the groups (every 100 ms while serving).
-    pub fn follow(&mut self) {
-        if let Err(e) = self.steering.follow(self.udp.as_fd(), self.tcp.as_fd()) {
-            tracing::debug!(addr = %self.steering.addr, error = %e, "cannot follow the port's group");
-        }
-    }
-
     /// New flows to LocalDNS on every listener (none skipped when one fails); true if all of
     /// them were handed over.
     pub fn hand_over_all(held: &mut [Held]) -> bool {
@@ -171,8 +121,11 @@ impl Held {
     /// LocalDNS's own sockets (the standby mode asks them to learn when to hand back). Our place
     /// and the group's size are read afresh: members came and went while we stood by. False if
     /// the steering could not be set (we then share flows with the other members).
-    pub fn take(&mut self) -> bool {
-        match self.steering.take(self.udp.as_fd(), self.tcp.as_fd()) {
+    pub fn steer_to_us(&mut self) -> bool {
+        match self
+            .steering
+            .steer_to_us(self.udp.as_fd(), self.tcp.as_fd())
+        {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(addr = %self.steering.addr, error = %e, "cannot take the flows back");
@@ -231,7 +184,7 @@ impl Held {
 /// order they joined and, when one leaves, moves the last member into the freed index; following
 /// the members by inode tells where that puts us.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Slot {
+pub struct Place {
     /// Our socket's inode, as sock_diag names it.
     ours: u64,
     /// Members with a lower index than ours (their order among themselves is not known).
@@ -243,10 +196,10 @@ pub struct Slot {
     known: bool,
 }
 
-impl Slot {
+impl Place {
     /// We just joined a group whose other members are `before`.
-    pub fn joined(ours: u64, before: &[u64]) -> Slot {
-        Slot {
+    pub fn joined(ours: u64, before: &[u64]) -> Place {
+        Place {
             ours,
             below: before.iter().copied().filter(|&m| m != ours).collect(),
             above: Vec::new(),
@@ -255,8 +208,8 @@ impl Slot {
     }
 
     /// Our socket in a group whose members could not be listed: no index to steer by.
-    pub fn unknown(ours: u64) -> Slot {
-        Slot {
+    pub fn unknown(ours: u64) -> Place {
+        Place {
             ours,
             below: Default::default(),
             above: Vec::new(),
@@ -404,30 +357,20 @@ fn attach(fd: BorrowedFd<'_>, program: &[libc::sock_filter]) -> io::Result<()> {
     )?)
 }
 
-/// Who gets new flows from the instant our sockets join their groups.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FlowsTo {
-    /// We take over: every flow to our socket.
-    Us,
-    /// The standby beside a LocalDNS that answers: every flow to the members that were there
-    /// before us, or to the first one that joins after us if there were none.
-    Others,
-}
-
 /// Steers `fd`'s group the moment `fd` has joined it at index `ours` (the last one), in the
 /// same breath as the bind or listen: a program attached before the bind would be dropped with
 /// the group of one the kernel makes for it, so until this call the group's old program (or
 /// plain hashing) decides, for a few microseconds. Steering is worth having, not worth failing
 /// for: without it we still serve, sharing flows.
-pub(super) fn steer_at_join(fd: BorrowedFd<'_>, ours: u32, flows: FlowsTo, addr: SocketAddr) {
-    let steered = match flows {
-        FlowsTo::Us => steer_to(fd, ours),
+pub(super) fn steer_at_join(fd: BorrowedFd<'_>, ours: u32, to_us: bool, addr: SocketAddr) {
+    let steered = match to_us {
+        true => steer_to(fd, ours),
         // Alone (`ours` 0), the program picks index 1: nobody until LocalDNS joins (the kernel
         // then hashes, to us), and LocalDNS from the moment it does.
-        FlowsTo::Others => steer_away(fd, ours, (ours + 1).max(2)),
+        false => steer_away(fd, ours, (ours + 1).max(2)),
     };
     if let Err(e) = steered {
-        tracing::warn!(%addr, ?flows, error = %e, "cannot steer flows; sharing them with any other member");
+        tracing::warn!(%addr, to_us, error = %e, "cannot steer flows; sharing them with any other member");
     }
 }
 
@@ -476,33 +419,33 @@ mod tests {
     #[test]
     fn slots_follow_members_that_come_and_go() {
         // Alone: index 0; a LocalDNS joins above us; it leaves again.
-        let mut s = Slot::joined(9, &[]);
+        let mut s = Place::joined(9, &[]);
         s.update(&[9, 20]);
         assert_eq!((s.index(), s.above.clone()), (Some(0), vec![20]));
         s.update(&[9]);
         assert_eq!(s.index(), Some(0));
         // An orphan (1) was there first; a starting LocalDNS (20) joins after us.
-        let mut s = Slot::joined(9, &[1]);
+        let mut s = Place::joined(9, &[1]);
         s.update(&[1, 9, 20]);
         assert_eq!(s.index(), Some(1));
         // The orphan exits: the last member (20) fills index 0, we stay at 1.
         s.update(&[9, 20]);
         assert_eq!((s.index(), s.below.len()), (Some(1), 1));
         // An orphan exits while we are the last member: we take its index, 0.
-        let mut s = Slot::joined(9, &[1]);
+        let mut s = Place::joined(9, &[1]);
         s.update(&[9]);
         assert_eq!(s.index(), Some(0));
         s.update(&[9, 30]);
         assert_eq!(s.index(), Some(0), "a new member goes above us");
         // Two below us, one leaves while we are last: our index is one of theirs, not known.
-        let mut s = Slot::joined(9, &[1, 2]);
+        let mut s = Place::joined(9, &[1, 2]);
         s.update(&[2, 9]);
         assert_eq!(s.index(), None);
         // Once nobody is below us it is 0 again.
         s.update(&[9]);
         assert_eq!(s.index(), Some(0));
         // A member above us that is not the last leaves: the last takes its place.
-        let mut s = Slot::joined(9, &[]);
+        let mut s = Place::joined(9, &[]);
         s.update(&[9, 20, 21, 22]);
         s.update(&[9, 20, 22]);
         assert_eq!((s.index(), s.above.clone()), (Some(0), vec![20, 22]));

@@ -19,19 +19,18 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::poll::PollTimeout;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
-use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::{mpsc, watch};
 
 use crate::engine::{Client, ConnId, Dest, Engine, Failure, Leg, Outcome, Via};
 use crate::handoff::Drain;
 use crate::mailbox::{Letter, Mailbox};
 use crate::mmsg::{RecvBatch, SendBatch};
-use crate::probe::OwnProbes;
+use crate::standby::{OwnProbes, Strays};
+use crate::stop::Stop;
 
 mod events;
 mod upstream_sockets;
@@ -58,77 +57,6 @@ const FIRST_UPSTREAM: u64 = 1;
 /// The tag of the listener in the send batch; upstream sockets are tagged with their index in
 /// `UpstreamSockets`. Sorted last, so the queries of a flush leave before its replies.
 const LISTENER_TAG: usize = usize::MAX;
-
-/// Tells the relay threads to stop: an eventfd in each thread's epoll set, so a sleeping thread
-/// wakes at once (LocalDNS is waiting for the port). Once written it stays readable.
-pub struct Stop {
-    wake: EventFd,
-    /// Whether new flows already go to LocalDNS (see `handoff`); set before `wake` is written.
-    handed_over: AtomicBool,
-}
-
-impl Stop {
-    pub fn new() -> io::Result<Arc<Stop>> {
-        let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        Ok(Arc::new(Stop {
-            wake,
-            handed_over: AtomicBool::new(false),
-        }))
-    }
-
-    /// Stops the relay threads. `handed_over`: new flows already go to LocalDNS, so the threads
-    /// keep the listener open and answer what still reaches it until the drain says done.
-    pub fn stop(&self, handed_over: bool) {
-        self.handed_over.store(handed_over, Ordering::Relaxed);
-        let _ = self.wake.write(1);
-    }
-
-    fn handed_over(&self) -> bool {
-        self.handed_over.load(Ordering::Relaxed)
-    }
-}
-
-/// Pods' queries that reach us while the standby stands aside: its steering points at a socket
-/// of ours (a LocalDNS socket left its group and the kernel moved ours into its index). The relay
-/// says so at once; the standby then reads the groups at once rather than up to a look later.
-pub struct Strays {
-    wake: EventFd,
-    /// Set by the standby while it stands aside, taken by the first batch of pods' queries that
-    /// reaches a relay after: one write of the eventfd per standing aside, not one per batch.
-    armed: AtomicBool,
-}
-
-impl Strays {
-    pub fn new() -> io::Result<Arc<Strays>> {
-        let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        Ok(Arc::new(Strays {
-            wake,
-            armed: AtomicBool::new(false),
-        }))
-    }
-
-    /// Whether the standby stands aside (LocalDNS holds the flows).
-    pub fn stand_aside(&self, aside: bool) {
-        self.armed.store(aside, Ordering::Relaxed);
-    }
-
-    fn reached_us(&self) {
-        // A plain load first: batches while we serve (not armed) write no shared cache line.
-        if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::Relaxed) {
-            let _ = self.wake.write(1);
-        }
-    }
-
-    /// Whether a query reached us since the last call.
-    pub fn take(&self) -> bool {
-        self.wake.read().is_ok()
-    }
-
-    /// What the standby's poll waits on.
-    pub fn fd(&self) -> &EventFd {
-        &self.wake
-    }
-}
 
 /// Where a relay thread is in its life. The stop moves it out of `Serving`, once; the thread
 /// returns when the phase it moved to says it is over.
@@ -171,8 +99,9 @@ pub struct Relay {
     pub drain: Duration,
     /// Our own standby prober's questions, which must find LocalDNS or silence, never us.
     pub own_probes: Arc<OwnProbes>,
-    /// The standby's, told of pods' queries that reach us while it stands aside.
-    pub strays: Option<Arc<Strays>>,
+    /// Who holds the flows, and the standby's ear for pods' queries that reach us while
+    /// LocalDNS does.
+    pub strays: Arc<Strays>,
 }
 
 /// The state of a running relay thread besides the engine.
@@ -255,8 +184,10 @@ pub fn run(relay: Relay) {
         for event in &events[..ready] {
             match event.data() {
                 STOP_TOKEN => {
-                    let _ = shell.epoll.delete(&stop.wake);
-                    if stop.handed_over() {
+                    let _ = shell.epoll.delete(stop.fd());
+                    // New flows already go to LocalDNS (see `handoff`): what still reaches the
+                    // listener is answered until the drain says done.
+                    if strays.aside() {
                         phase = Phase::HandedOver(Drain::new(Instant::now()));
                     } else if let Some(l) = shell.listener.take() {
                         let _ = shell.epoll.delete(&l);
@@ -276,7 +207,7 @@ pub fn run(relay: Relay) {
                                 pods = true;
                             }
                         }
-                        if let (true, Some(strays)) = (pods, &strays) {
+                        if pods {
                             strays.reached_us();
                         }
                         if let (true, Phase::HandedOver(d)) = (read > 0, &mut phase) {
@@ -495,7 +426,7 @@ fn register(listener: &UdpSocket, mailbox: &Mailbox, stop: &Stop) -> nix::Result
         mailbox.fd(),
         EpollEvent::new(EpollFlags::EPOLLIN, MAILBOX_TOKEN),
     )?;
-    epoll.add(&stop.wake, EpollEvent::new(EpollFlags::EPOLLIN, STOP_TOKEN))?;
+    epoll.add(stop.fd(), EpollEvent::new(EpollFlags::EPOLLIN, STOP_TOKEN))?;
     Ok(epoll)
 }
 

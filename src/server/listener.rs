@@ -6,7 +6,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cache::Cache;
@@ -14,10 +14,11 @@ use crate::cli::Config;
 use crate::engine::Engine;
 use crate::listen::{self, Bound, Held};
 use crate::mailbox::Mailbox;
-use crate::probe::OwnProbes;
-use crate::relay::{self, Relay, Stop};
+use crate::relay::{self, Relay};
 use crate::roles::ListenerRole;
+use crate::standby::{OwnProbes, Strays};
 use crate::stats::Counters;
+use crate::stop::Stop;
 use crate::systemd::Heartbeats;
 use crate::tcp::{self, ClientSide};
 use crate::tcp_pool::UpstreamSide;
@@ -37,11 +38,9 @@ pub(super) struct Shared<'a> {
     pub(super) cache: &'a Option<Arc<Mutex<Cache>>>,
     pub(super) upstream_tcp: &'a Arc<UpstreamSide>,
     pub(super) heartbeats: &'a Arc<Heartbeats>,
-    pub(super) relay_stop: &'a Arc<Stop>,
-    pub(super) stop_rx: &'a watch::Receiver<bool>,
-    pub(super) drain_tx: &'a mpsc::Sender<()>,
+    pub(super) stop: &'a Arc<Stop>,
     pub(super) own_probes: &'a Arc<OwnProbes>,
-    pub(super) strays: &'a Option<Arc<relay::Strays>>,
+    pub(super) strays: &'a Arc<Strays>,
     /// Client connections per listener, within the descriptor limit.
     pub(super) tcp_cap: usize,
 }
@@ -51,6 +50,7 @@ pub(super) struct Started {
     pub(super) held: Held,
     pub(super) relay_threads: Vec<std::thread::JoinHandle<()>>,
     pub(super) tcp: JoinHandle<()>,
+    pub(super) tcp_side: Arc<ClientSide>,
 }
 
 /// Starts one listener: `--udp-threads` relay threads on its UDP socket (heartbeats from
@@ -96,7 +96,7 @@ pub(super) fn start_listener(
             tcp: shared.upstream_tcp.clone(),
             upstreams: shared.sets_rx.clone(),
             stats,
-            stop: shared.relay_stop.clone(),
+            stop: shared.stop.clone(),
             heartbeat: (shared.heartbeats.clone(), index * threads + t),
             drain: DRAIN,
             own_probes: shared.own_probes.clone(),
@@ -118,16 +118,12 @@ pub(super) fn start_listener(
     ));
     let listener = tokio::net::TcpListener::from_std(bound.tcp)
         .map_err(|e| format!("cannot register TCP socket {}: {e}", bound.addr))?;
-    let tcp = tokio::spawn(tcp::serve(
-        listener,
-        side,
-        shared.stop_rx.clone(),
-        shared.drain_tx.clone(),
-    ));
+    let tcp = tokio::spawn(tcp::serve(listener, side.clone(), shared.stop.clone()));
     Ok(Started {
         held,
         relay_threads,
         tcp,
+        tcp_side: side,
     })
 }
 

@@ -1,14 +1,13 @@
-//! Start-up and shutdown. `standby` first asks whether LocalDNS serves (and, with `--standby`,
-//! later moves the flows as it answers or not); `prepare` does what needs privilege (the
-//! listener addresses, binding, then dropping capabilities); `serve` is the lifecycle of a
-//! running daemon, built of `listener` (one listener's relay threads and TCP task) and
-//! `reporting` (status line, metrics, watchdog).
+//! Start-up and shutdown. First ask whether LocalDNS serves (`standby`, which later moves the
+//! flows as it answers or not); `prepare` does what needs privilege (the listener addresses,
+//! binding, then dropping capabilities); `serve` is the lifecycle of a running daemon, built of
+//! `listener` (one listener's relay threads and TCP task) and `reporting` (status line,
+//! metrics, watchdog).
 
 mod listener;
 mod prepare;
 mod reporting;
 mod serve;
-mod standby;
 
 use std::future::Future;
 
@@ -26,7 +25,7 @@ pub fn run<F: Future<Output = ()>>(
         .build()
         .map_err(|e| format!("cannot start the start-up runtime: {e}"))?;
     // Before a single socket of ours joins LocalDNS's ports.
-    let localdns_serves = standby::localdns_serves(&config);
+    let localdns_serves = crate::standby::localdns_serves(&config);
     if localdns_serves && !config.standby {
         tracing::info!("LocalDNS answers on both listeners; not taking over");
         // A clean end of the start: the unit is not `failed` and nothing restarts it.
@@ -37,12 +36,8 @@ pub fn run<F: Future<Output = ()>>(
     }
     // The standby beside a LocalDNS that answers joins its ports' groups with the flows steered
     // to LocalDNS's sockets from the instant of the bind, never to its own.
-    let flows = if config.standby && localdns_serves {
-        crate::listen::FlowsTo::Others
-    } else {
-        crate::listen::FlowsTo::Us
-    };
-    let prepared = startup.block_on(prepare::prepare(&config, flows))?;
+    let taken = crate::standby::start_cause(&config, localdns_serves);
+    let prepared = startup.block_on(prepare::prepare(&config, taken.is_some()))?;
     drop(startup);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -50,7 +45,7 @@ pub fn run<F: Future<Output = ()>>(
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async {
         let shutdown = shutdown()?;
-        serve::serve(config, prepared, localdns_serves, shutdown).await
+        serve::serve(config, prepared, taken, shutdown).await
     })
 }
 
@@ -60,7 +55,7 @@ pub fn run<F: Future<Output = ()>>(
 /// LocalDNS, which has its own link and for which they do no harm.
 pub fn release_addresses(config: &Config) -> Result<(), String> {
     let [node, cluster] = [config.node_listen, config.cluster_listen];
-    let idle: Vec<std::net::IpAddr> = prepare::link_addresses(config)
+    let idle: Vec<std::net::IpAddr> = crate::standby::lo_addresses(config)
         .into_iter()
         .filter(|ip| {
             [node, cluster].iter().filter(|l| l.ip() == *ip).all(|&l| {

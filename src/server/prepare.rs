@@ -16,19 +16,23 @@ pub struct Prepared {
     pub metrics: Option<std::net::TcpListener>,
     /// Which upstream groups discovery fills (a group given by flags is never touched).
     pub owned: crate::discover::follow::Owned,
+    /// The listener addresses put on `lo` here.
+    pub on_lo: Vec<IpAddr>,
 }
 
 /// Runs on a runtime of the calling thread alone: capabilities belong to a thread, and threads
 /// inherit them from the thread that starts them, so the serving runtime is started only after
 /// the drop (its workers and blocking pool would otherwise keep every capability, and so would
 /// the tools they run).
-/// New flows go where `flows` says from the instant each socket is bound.
-pub async fn prepare(config: &Config, flows: listen::FlowsTo) -> Result<Prepared, String> {
+/// New flows go to us from the instant each socket is bound if `ours`, else to LocalDNS's.
+pub async fn prepare(config: &Config, ours: bool) -> Result<Prepared, String> {
     // On standby the addresses go on lo only when we take the flows (see `standby`): while
     // LocalDNS serves they are its link's alone.
-    if config.link_setup && !config.standby {
-        set_up_link(config)?;
-    }
+    let on_lo = if config.link_setup && !config.standby {
+        set_up_link(config)?
+    } else {
+        Vec::new()
+    };
     let metrics = match config.metrics {
         Some(addr) => Some(
             std::net::TcpListener::bind(addr)
@@ -38,8 +42,8 @@ pub async fn prepare(config: &Config, flows: listen::FlowsTo) -> Result<Prepared
         None => None,
     };
     let (node, cluster) = tokio::try_join!(
-        listen::bind_listener(config.node_listen, config.bind_timeout, flows),
-        listen::bind_listener(config.cluster_listen, config.bind_timeout, flows),
+        listen::bind_listener(config.node_listen, config.bind_timeout, ours),
+        listen::bind_listener(config.cluster_listen, config.bind_timeout, ours),
     )?;
     let owned = crate::discover::follow::Owned {
         node: config.node_upstreams.is_empty(),
@@ -51,6 +55,7 @@ pub async fn prepare(config: &Config, flows: listen::FlowsTo) -> Result<Prepared
         cluster,
         metrics,
         owned,
+        on_lo,
     })
 }
 
@@ -84,24 +89,16 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
     }
 }
 
-/// The listener addresses that go on `lo`: loopback and wildcard listen addresses (tests, odd
-/// setups) are local already.
-pub(super) fn link_addresses(config: &Config) -> Vec<IpAddr> {
-    [config.node_listen.ip(), config.cluster_listen.ip()]
-        .into_iter()
-        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
-        .collect()
-}
-
 /// Puts the listener addresses on `lo`, where LocalDNS never deletes them; its own link
 /// `localdns` is left as it is (see `link`).
-fn set_up_link(config: &Config) -> Result<(), String> {
-    let outcome = link::claim_on_loopback(&link_addresses(config))?;
+fn set_up_link(config: &Config) -> Result<Vec<IpAddr>, String> {
+    let outcome = link::claim_on_loopback(&crate::standby::lo_addresses(config))?;
     tracing::info!(
         on = link::LOOPBACK,
         added = ?outcome.added,
         already_there = ?outcome.present,
         "listener addresses in place"
     );
-    Ok(())
+    // Nobody else puts them on lo: those found there are ours too.
+    Ok([outcome.added, outcome.present].concat())
 }

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 
 use crate::cache::Cache;
 use crate::cli::Config;
@@ -18,8 +17,12 @@ use crate::upstream::{UpstreamSet, UpstreamSets};
 /// How often a summary line is logged (and systemd's STATUS= refreshed) while serving.
 const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
-/// The status line, `/metrics` (if asked for) and the systemd watchdog (if armed).
-pub(super) fn start_reporting(
+/// A task to spawn.
+pub(super) type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// The status line, `/metrics` (if asked for) and the systemd watchdog (if armed), to run until
+/// the stop.
+pub(super) fn reporting(
     notifier: &Arc<Notifier>,
     config: &Arc<Config>,
     sets_rx: &watch::Receiver<Arc<UpstreamSets>>,
@@ -27,44 +30,33 @@ pub(super) fn start_reporting(
     cache: &Option<Arc<Mutex<Cache>>>,
     heartbeats: &Arc<Heartbeats>,
     metrics_listener: Option<tokio::net::TcpListener>,
-) -> Vec<AbortHandle> {
-    let mut reporting = vec![
-        tokio::spawn(report_status(
-            notifier.clone(),
-            config.clone(),
-            sets_rx.clone(),
-            counters.clone(),
-        ))
-        .abort_handle(),
-    ];
+) -> Vec<Task> {
+    let mut reporting: Vec<Task> = vec![Box::pin(report_status(
+        notifier.clone(),
+        config.clone(),
+        sets_rx.clone(),
+        counters.clone(),
+    ))];
     if let Some(listener) = metrics_listener {
         tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
-        reporting.push(
-            tokio::spawn(metrics::serve(
-                listener,
-                counters.clone(),
-                sets_rx.clone(),
-                cache.clone(),
-            ))
-            .abort_handle(),
-        );
+        reporting.push(Box::pin(metrics::serve(
+            listener,
+            counters.clone(),
+            sets_rx.clone(),
+            cache.clone(),
+        )));
     }
     if let Some(timeout) = Notifier::watchdog_timeout() {
         tracing::info!(?timeout, "feeding the systemd watchdog");
-        reporting.push(
-            tokio::spawn(systemd::watchdog(
-                notifier.clone(),
-                heartbeats.clone(),
-                timeout,
-            ))
-            .abort_handle(),
-        );
+        reporting.push(Box::pin(systemd::watchdog(
+            notifier.clone(),
+            heartbeats.clone(),
+            timeout,
+        )));
     }
     reporting
 }
 
-/// Keeps systemd's STATUS= line current (what is served, by whom, how it went in the last
-/// minute), so `systemctl status` tells at a glance, and logs the same summary every minute.
 async fn report_status(
     notifier: Arc<Notifier>,
     config: Arc<Config>,

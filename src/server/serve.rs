@@ -1,30 +1,30 @@
 //! Serving, as one lifecycle: [`Running::start`] starts discovery, both listeners
-//! (`listener`), the reporting tasks (`reporting`) and the steering's follower;
-//! [`Running::stop`] hands new flows to LocalDNS, closes the listeners and lets work in flight
-//! finish for a moment. On standby (`standby`) the steering follows LocalDNS's answers instead.
+//! (`listener`) and the reporting tasks (`reporting`); `standby::run` moves the flows on a
+//! thread of its own; [`Running::stop`] hands new flows to LocalDNS, closes the listeners and
+//! lets work in flight finish for a moment.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 
 use super::listener::{DRAIN, Shared, start_listener};
 use super::prepare::Prepared;
-use super::reporting::start_reporting;
-use super::standby;
+use super::reporting::reporting;
 use crate::cache::{Cache, KeyHasher};
 use crate::cli::Config;
 use crate::discover::follow;
+use crate::flows::Cause;
 use crate::link;
 use crate::listen::Held;
-use crate::probe::OwnProbes;
-use crate::relay::{Stop, Strays};
 use crate::roles::{ListenerRole, UpstreamGroup};
+use crate::standby::{self, OwnProbes, Strays};
 use crate::stats::Counters;
+use crate::stop::{Stop, until};
 use crate::systemd::{Heartbeats, Notifier};
-use crate::tcp;
+use crate::tcp::{self, ClientSide};
 use crate::tcp_pool::{self, UpstreamSide};
 use crate::upstream::{UpstreamSet, UpstreamSets};
 
@@ -32,47 +32,37 @@ use crate::upstream::{UpstreamSet, UpstreamSets};
 /// bound sockets' buffers; a slower look finishes in the background while we serve.
 const FIRST_LOOK: Duration = Duration::from_secs(3);
 
-/// Serves until `shutdown`. With `--standby`, the flows go to LocalDNS while it answers (it did at
-/// start if `localdns_serves`), and to us while it does not.
+/// Serves until `shutdown`: the flows taken from the start for `taken`, or left with LocalDNS
+/// while it answers (`--standby`); moved after that as `standby::run` decides.
 pub async fn serve(
     config: Config,
     prepared: Prepared,
-    localdns_serves: bool,
+    taken: Option<Cause>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
-    if !config.standby {
-        let running = Running::start(config, prepared, Arc::default(), None).await?;
-        shutdown.await;
-        running.stop().await;
-        return Ok(());
+    let (prober, own_probes) = standby::prober(&config)?;
+    let on_lo = prepared.on_lo.clone();
+    let running = Running::start(config, prepared, own_probes).await?;
+    if taken.is_none() {
+        tracing::info!("LocalDNS answers on both listeners; standing by");
     }
-    let (prober, own_probes) = standby::begin(&config, localdns_serves)?;
-    let strays = Strays::new().map_err(|e| format!("cannot make the standby's eventfd: {e}"))?;
-    let running =
-        Running::start(config, prepared, own_probes.clone(), Some(strays.clone())).await?;
-    // A thread of its own (see `standby::stand_by`), stopped by closing the other end of `stop`.
-    let (stop, stop_here) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| format!("cannot make the standby's stop pipe: {e}"))?;
-    let (held, config, counters) = (
-        running.held.clone(),
-        running.config.clone(),
-        running.counters.clone(),
-    );
+    // A thread of its own (see `standby::run`), stopped before the rest: the stop's hand-over
+    // must not race its moves.
+    let stop = Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
+    let shell = standby::Shell {
+        held: running.held.clone(),
+        config: running.config.clone(),
+        counters: running.counters.clone(),
+        strays: running.strays.clone(),
+        stop: stop.clone(),
+        on_lo,
+    };
     let standing = std::thread::Builder::new()
         .name("standby".into())
-        .spawn(move || {
-            let shell = standby::Shell {
-                held,
-                config,
-                counters,
-                strays,
-                stop,
-            };
-            standby::stand_by(prober, shell, localdns_serves)
-        })
+        .spawn(move || standby::run(prober, shell, taken))
         .map_err(|e| format!("cannot start the standby's thread: {e}"))?;
     shutdown.await;
-    drop(stop_here);
+    stop.stop();
     let _ = tokio::task::spawn_blocking(move || standing.join()).await;
     running.stop().await;
     Ok(())
@@ -84,20 +74,16 @@ struct Running {
     notifier: Arc<Notifier>,
     /// Who holds the flows, for `/metrics`: the standby moves them, the stop hands them back.
     counters: Arc<Counters>,
+    strays: Arc<Strays>,
     /// The listeners' steering and sockets, for the hand-over to LocalDNS at the stop.
     held: Arc<Mutex<Vec<Held>>>,
-    /// Keeps `held` on our own sockets (not on standby); ends first at the stop.
-    following: Option<AbortHandle>,
-    /// The status line, metrics and watchdog: they end at the stop without a word.
-    reporting: Vec<AbortHandle>,
-    /// Discovery and the TCP listeners' tasks: they end on `stop_tx`, and are waited for.
+    /// Discovery, the TCP listeners' tasks, the status line, metrics and watchdog, the relay
+    /// threads: all end at `stop`.
+    stop: Arc<Stop>,
     tasks: Vec<JoinHandle<()>>,
-    stop_tx: watch::Sender<bool>,
-    relay_stop: Arc<Stop>,
     relay_threads: Vec<std::thread::JoinHandle<()>>,
-    /// Each TCP connection holds a clone; `drain_rx` closes when the last is gone.
-    drain_tx: mpsc::Sender<()>,
-    drain_rx: mpsc::Receiver<()>,
+    /// Each listener's TCP clients, waited for at the stop.
+    tcp_sides: Vec<Arc<ClientSide>>,
 }
 
 impl Running {
@@ -108,15 +94,17 @@ impl Running {
         config: Config,
         prepared: Prepared,
         own_probes: Arc<OwnProbes>,
-        strays: Option<Arc<Strays>>,
     ) -> Result<Running, String> {
         let config = Arc::new(config);
         let counters = Counters::new(std::time::SystemTime::now());
+        let strays =
+            Strays::new(counters.clone()).map_err(|e| format!("cannot make an eventfd: {e}"))?;
         let Prepared {
             node,
             cluster,
             metrics: metrics_listener,
             owned,
+            on_lo: _,
         } = prepared;
         let metrics_listener = match metrics_listener.map(tokio::net::TcpListener::from_std) {
             Some(Ok(l)) => Some(l),
@@ -126,9 +114,7 @@ impl Running {
         let sets = flag_upstreams(&config, &counters);
         // Discovery publishes new upstream sets here; relay threads pick them up between datagrams.
         let (publish, sets_rx) = watch::channel(sets);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let relay_stop = Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
-        let (drain_tx, drain_rx) = mpsc::channel::<()>(1);
+        let stop = Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
         let notifier = Arc::new(Notifier::from_env());
 
         let mut tasks = Vec::new();
@@ -136,14 +122,16 @@ impl Running {
         {
             let (first_tx, first_rx) = oneshot::channel();
             let listeners = vec![config.node_listen.ip(), config.cluster_listen.ip()];
-            tasks.push(tokio::spawn(follow::follow(
-                config.discovery.clone(),
-                owned,
-                listeners,
-                publish,
-                counters.clone(),
-                first_tx,
-                stop_rx.clone(),
+            tasks.push(tokio::spawn(until(
+                stop.clone(),
+                follow::follow(
+                    config.discovery.clone(),
+                    owned,
+                    listeners,
+                    publish,
+                    counters.clone(),
+                    first_tx,
+                ),
             )));
             if tokio::time::timeout(FIRST_LOOK, first_rx).await.is_err() {
                 tracing::warn!(
@@ -169,15 +157,14 @@ impl Running {
             cache: &cache,
             upstream_tcp: &upstream_tcp,
             heartbeats: &heartbeats,
-            relay_stop: &relay_stop,
-            stop_rx: &stop_rx,
-            drain_tx: &drain_tx,
+            stop: &stop,
             own_probes: &own_probes,
             strays: &strays,
             tcp_cap: tcp::connection_cap(config.max_tcp_connections, other_descriptors(&config)),
         };
         let mut relay_threads = Vec::new();
         let mut held = Vec::new();
+        let mut tcp_sides = Vec::new();
         for (index, (role, bound)) in [(ListenerRole::Node, node), (ListenerRole::Cluster, cluster)]
             .into_iter()
             .enumerate()
@@ -186,16 +173,12 @@ impl Running {
             held.push(started.held);
             relay_threads.extend(started.relay_threads);
             tasks.push(started.tcp);
+            tcp_sides.push(started.tcp_side);
         }
         counters.takeovers.set_standby(config.standby);
-        if !config.standby {
-            counters
-                .takeovers
-                .took_over(standby::start_cause(), std::time::SystemTime::now());
-        }
         tracing::info!("ready");
         notifier.notify("READY=1");
-        let reporting = start_reporting(
+        let reporting = reporting(
             &notifier,
             &config,
             &sets_rx,
@@ -204,23 +187,21 @@ impl Running {
             &heartbeats,
             metrics_listener,
         );
-        let held = Arc::new(Mutex::new(held));
-        // On standby, the steering follows LocalDNS's answers instead (see `standby`).
-        let following =
-            (!config.standby).then(|| tokio::spawn(follow_steering(held.clone())).abort_handle());
+        tasks.extend(
+            reporting
+                .into_iter()
+                .map(|t| tokio::spawn(until(stop.clone(), t))),
+        );
         Ok(Running {
             config,
             notifier,
             counters,
-            held,
-            following,
-            reporting,
+            strays,
+            held: Arc::new(Mutex::new(held)),
+            stop,
             tasks,
-            stop_tx,
-            relay_stop,
             relay_threads,
-            drain_tx,
-            drain_rx,
+            tcp_sides,
         })
     }
 
@@ -232,20 +213,14 @@ impl Running {
             config,
             notifier,
             counters,
+            strays: _,
             held,
-            following,
-            reporting,
+            stop,
             tasks,
-            stop_tx,
-            relay_stop,
             relay_threads,
-            drain_tx,
-            mut drain_rx,
+            tcp_sides,
         } = self;
         notifier.notify("STOPPING=1");
-        if let Some(following) = following {
-            following.abort();
-        }
         // New flows to LocalDNS first (when it has joined our ports): the relay threads then
         // answer what already reached us before they close.
         let mut held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
@@ -257,17 +232,18 @@ impl Running {
         } else {
             tracing::info!("stopping: closing listeners");
         }
-        for task in reporting {
-            task.abort();
-        }
-        let _ = stop_tx.send(true);
-        relay_stop.stop(handed);
+        // The relay threads read who holds the flows at the stop: handed over, they drain.
+        stop.stop();
         for task in tasks {
             let _ = task.await;
         }
         tracing::info!("listeners closed; draining queries in flight");
-        drop(drain_tx);
-        let drained = tokio::time::timeout(DRAIN, drain_rx.recv()).await.is_ok();
+        let clients = async {
+            for side in &tcp_sides {
+                side.closed().await;
+            }
+        };
+        let drained = tokio::time::timeout(DRAIN, clients).await.is_ok();
         for thread in relay_threads {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
@@ -284,7 +260,7 @@ impl Running {
         if config.link_setup {
             // Without CAP_NET_ADMIN (dropped when nothing needs it) this fails; the unit's
             // ExecStopPost removes them then, as it does after a kill.
-            if let Err(e) = link::release_from_loopback(&super::prepare::link_addresses(&config)) {
+            if let Err(e) = link::release_from_loopback(&standby::lo_addresses(&config)) {
                 tracing::info!("listener addresses left on lo for the unit to remove: {e}");
             }
         }
@@ -328,23 +304,4 @@ fn flag_upstreams(config: &Config, counters: &Arc<Counters>) -> Arc<UpstreamSets
         }
     }
     sets
-}
-
-/// How often our place in the ports' SO_REUSEPORT groups is looked at while we serve. Our place
-/// moves only when a member that joined before us leaves: an orphaned CoreDNS, or, during
-/// `systemctl restart localdns`, the old LocalDNS server, whose index the new one takes when it
-/// binds. Until we follow, the steering program sends every flow to that index, so a second here
-/// was 0.8 s of pods dark on each restart. The look (a sock_diag dump) is skipped while we are
-/// first in the group (our place cannot move then), which is the usual case.
-const FOLLOW_EVERY: Duration = Duration::from_millis(100);
-
-/// Keeps each listener's steering on our own socket as other members of its groups come and go.
-async fn follow_steering(held: Arc<Mutex<Vec<Held>>>) {
-    let mut ticker = tokio::time::interval(FOLLOW_EVERY);
-    loop {
-        ticker.tick().await;
-        for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
-            h.follow();
-        }
-    }
 }

@@ -159,7 +159,7 @@ struct World {
     last_look_at: Instant,
     healthy_since: Option<Instant>,
     rest_until: Option<Instant>,
-    last_take: Option<Why>,
+    last_take: Option<Cause>,
     throttled_takes: Vec<Instant>,
     /// Takes since the fault in force began, and that fault.
     episode_takes: u32,
@@ -335,13 +335,13 @@ impl World {
         let rounds = |d: Duration| d.as_millis().div_ceil(PROBE_EVERY.as_millis()) as u32;
         let same = self.view.iter().any(|i| self.view_at_take.contains(i));
         let base = match self.last_take {
-            Some(Why::SilentProbe) if same => rounds(SAME_PROOF),
+            Some(Cause::SilentProbe) if same => rounds(SAME_PROOF),
             _ => ROUNDS_TO_ACT,
         };
         (base << self.recurrences.min(8)).min(rounds(MAX_PROOF))
     }
 
-    fn took(&mut self, why: Why) -> Result<(), String> {
+    fn took(&mut self, why: Cause) -> Result<(), String> {
         if let Some(h) = self.healthy_since {
             if self.now - h > GRACE && self.phase == Phase::Serving && self.serves() {
                 return Err(format!(
@@ -352,9 +352,9 @@ impl World {
         }
         // The take's cause is in what the world did, and no sooner than its bound.
         let justified = match why {
-            Why::SilentProbe => self.silent_in_row >= ROUNDS_TO_ACT,
-            Why::AddressesGone => !self.addresses,
-            Why::Unread => {
+            Cause::SilentProbe => self.silent_in_row >= ROUNDS_TO_ACT,
+            Cause::AddressesGone => !self.addresses,
+            Cause::Unread => {
                 let least = match self.owners_said {
                     Some(Owners::Stopped) => STOPPED_FOR,
                     _ => UNREAD_FOR,
@@ -373,8 +373,7 @@ impl World {
                 let sampled = self.blind && self.phase == Phase::Starved;
                 stall.is_some_and(|(first, end)| sampled || end - first >= least)
             }
-            // A new standby found it not answering.
-            Why::NotServing => !self.answers_probe(),
+            Cause::LocalDnsFailed | Cause::ByHand => false,
         };
         if !justified {
             return Err(format!(
@@ -397,7 +396,8 @@ impl World {
         }
         if starved {
             if let Some(&last) = self.throttled_takes.last() {
-                if last >= self.phase_since && self.now - last < UNREAD_REST && why == Why::Unread {
+                if last >= self.phase_since && self.now - last < UNREAD_REST && why == Cause::Unread
+                {
                     return Err(format!(
                         "starved LocalDNS taken twice by its queues {:?} apart",
                         self.now - last
@@ -470,7 +470,7 @@ impl World {
                 self.answered_since_take, self.last_take
             ));
         }
-        if self.last_take == Some(Why::Unread) {
+        if self.last_take == Some(Cause::Unread) {
             self.rest_until = Some(self.now + UNREAD_REST);
         }
         self.target = Holder::LocalDns;
@@ -730,13 +730,14 @@ impl World {
     /// The standby itself restarts: a new process asks before it binds.
     fn restart_standby(&mut self) {
         let serves = self.answers_now();
-        self.flows = Flows::new(self.now, serves);
+        self.flows = Flows::new(self.now, (!serves).then_some(Cause::SilentProbe));
         // Its take, if it makes one, is carried out as any other.
         self.target = Holder::LocalDns;
         self.stale = None;
         self.strayed = None;
         self.probe = None;
-        self.silent_in_row = 0;
+        // Its two rounds at the start went unanswered if it takes.
+        self.silent_in_row = if serves { 0 } else { ROUNDS_TO_ACT };
         self.answered_since_take = 0;
         self.view.clear();
         self.view_at_take.clear();
@@ -908,7 +909,7 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
     let serving_at_start = rng.random_bool(0.7);
     let mut w = World {
         now: start,
-        flows: Flows::new(start, serving_at_start),
+        flows: Flows::new(start, (!serving_at_start).then_some(Cause::SilentProbe)),
         phase: if serving_at_start {
             Phase::Serving
         } else {
@@ -924,7 +925,7 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         strayed: None,
         probe: None,
         last_lost: false,
-        silent_in_row: 0,
+        silent_in_row: if serving_at_start { 0 } else { ROUNDS_TO_ACT },
         answered_since_take: 0,
         take_due: false,
         hand_back_due: false,
@@ -1093,7 +1094,7 @@ fn a_socket_left_unread_is_taken_from_within_the_bound_and_a_draining_one_never(
     let long = Duration::from_secs(5);
     // Draining: grows for two looks, then shrinks; over and over.
     let saw = |look: u32| [0, 100, 200, 50][look as usize % 4];
-    let mut f = Flows::new(t0, true);
+    let mut f = Flows::new(t0, None);
     let taken = drive(&mut f, t0, long, Duration::ZERO, saw, |_| Owners::Asleep);
     assert_eq!(taken, None);
     // Unread: it only grows. A runnable owner (throttled) has it timed afresh; an asleep one is
@@ -1115,7 +1116,7 @@ fn a_socket_left_unread_is_taken_from_within_the_bound_and_a_draining_one_never(
             LOOK_EVERY + STOPPED_FOR + 3 * LOOK_BUSY,
         ),
     ] {
-        let mut f = Flows::new(t0, true);
+        let mut f = Flows::new(t0, None);
         // Empty at the first look, unread from just after it.
         let grows = |look: u32| 100 * look;
         let owners = |n: usize| answers[n.min(3)];
@@ -1124,7 +1125,7 @@ fn a_socket_left_unread_is_taken_from_within_the_bound_and_a_draining_one_never(
     }
     // The standby paused as long as LocalDNS (every wake 29 ms late: a VM's CPUs stopped by
     // their host's quota): not taken by the queue, however long it lasts.
-    let mut f = Flows::new(t0, true);
+    let mut f = Flows::new(t0, None);
     let late = Duration::from_millis(29);
     let taken = drive(&mut f, t0, long, late, |_| 832, |_| Owners::Asleep);
     assert_eq!(taken, None, "a pause of the whole machine taken for a hang");
@@ -1133,7 +1134,7 @@ fn a_socket_left_unread_is_taken_from_within_the_bound_and_a_draining_one_never(
 #[test]
 fn a_pods_query_that_reaches_the_standby_aside_brings_a_look_at_once_but_one_per_gap() {
     let t0 = Instant::now();
-    let mut f = Flows::new(t0, true);
+    let mut f = Flows::new(t0, None);
     let q = [Queue {
         inode: 7,
         queued: 0,
@@ -1151,7 +1152,7 @@ fn a_pods_query_that_reaches_the_standby_aside_brings_a_look_at_once_but_one_per
     f.stray(t + MS);
     assert!(f.deadline() >= t + STRAY_GAP, "{:?}", f.deadline() - t);
     // Not while the standby holds the flows: the query is ours to answer.
-    let mut f = Flows::new(t0, false);
+    let mut f = Flows::new(t0, Some(Cause::SilentProbe));
     while f.poll(t0).is_some() {}
     let next = f.deadline();
     f.stray(t0 + STRAY_GAP);

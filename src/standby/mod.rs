@@ -1,16 +1,22 @@
-//! Never displacing a LocalDNS that serves, and the standby mode.
+//! Who holds LocalDNS's new flows, carried out: the one loop that every daemon runs, whether it
+//! starts beside a LocalDNS that answers (`--standby`) or holding the flows (started by
+//! `OnFailure=` or by hand). `flows` decides; this wing reads the kernel and the probe for it and
+//! moves the steering and the addresses as it says.
 //!
-//! Whoever starts the fallback (`OnFailure=`, an operator by hand), it
-//! first asks LocalDNS's probe name on both listeners ([`localdns_serves`]): a LocalDNS that
-//! answers is left alone. Without `--standby` the start ends there, cleanly (READY=1, then exit
-//! 0: the unit is not `failed`). With `--standby` the daemon binds and serves as usual, but its
-//! steering points at LocalDNS's sockets while LocalDNS answers: from the instant of the bind
-//! (steered to us first and handed over after, each start and restart took a few queries), and
-//! at the stop (the program stays: see `serve`). [`stand_by`] carries out what `flows` decides:
-//! it takes the flows when LocalDNS leaves queries unread in its sockets for 30 ms, or 4 ms if
-//! its process is stopped (the kernel's view, from sock_diag), or after two silent probe rounds,
-//! and hands them back after two answered ones. Its own questions reach LocalDNS's sockets even while we hold the flows (the steering
-//! program lets them through, and the relay drops any that reach us).
+//! Whoever starts the fallback, it first asks LocalDNS's probe name on both listeners
+//! ([`localdns_serves`]): a LocalDNS that answers is left alone. Without `--standby` the start
+//! ends there, cleanly (READY=1, then exit 0: the unit is not `failed`). With `--standby` the
+//! daemon binds beside it with its steering pointing at LocalDNS's sockets from the instant of
+//! the bind. [`run`] takes the flows when LocalDNS leaves queries unread in its sockets for
+//! 30 ms, or 4 ms if its process is stopped (the kernel's view, from sock_diag), after two silent
+//! probe rounds, or when its addresses go; and hands them back once it has proven itself (see
+//! `flows`). Its own questions reach LocalDNS's sockets even while we hold the flows (the
+//! steering program lets them through, and the relay drops any that reach us).
+//!
+//! Here: the loop; `probe` (LocalDNS's own question); `owners` (what the processes behind a
+//! queue left unread are doing).
+
+pub mod probe;
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -21,12 +27,15 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::MsgFlags;
 
 use crate::cli::Config;
-use crate::flows::{Addresses, Flows, Holder, Out, ROUNDS_TO_ACT, Why};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use crate::flows::{Addresses, Cause, Flows, Holder, Out, ROUNDS_TO_ACT};
 use crate::link;
 use crate::listen::{Diag, Held, Looked, Proto};
-use crate::probe::{self, OwnProbes, Prober, Seen};
-use crate::relay::Strays;
-use crate::stats::{Counters, TakeoverCause};
+use crate::stats::Counters;
+use crate::stop::Stop;
+pub use probe::OwnProbes;
+use probe::{Prober, Seen};
 
 /// Does LocalDNS answer its probe name on both listeners? Asked twice at most (a reply lost once
 /// does not make a serving LocalDNS silent). Nothing answers a listener on port 0 (tests).
@@ -46,54 +55,89 @@ pub fn localdns_serves(config: &Config) -> bool {
     false
 }
 
-/// Why a start without `--standby` takes the flows: systemd started it for a failed LocalDNS
-/// when it says so (`OnFailure=` sets MONITOR_UNIT from systemd 251); else it was started by
-/// hand (so is an `OnFailure=` start on systemd 249, which tells nothing).
-pub fn start_cause() -> TakeoverCause {
-    if std::env::var_os("MONITOR_UNIT").is_some() {
-        TakeoverCause::LocalDnsFailed
-    } else {
-        TakeoverCause::ByHand
+/// Why a daemon takes the flows at its start (`None`: it stands by a LocalDNS that answers).
+/// A standby found LocalDNS's probe silent twice. Any other start: systemd started it for a
+/// failed LocalDNS when it says so (`OnFailure=` sets MONITOR_UNIT from systemd 251); else it was
+/// started by hand (so is an `OnFailure=` start on systemd 249, which tells nothing).
+pub fn start_cause(config: &Config, localdns_serves: bool) -> Option<Cause> {
+    match (localdns_serves, config.standby) {
+        (true, _) => None,
+        (false, true) => Some(Cause::SilentProbe),
+        (false, false) if std::env::var_os("MONITOR_UNIT").is_some() => Some(Cause::LocalDnsFailed),
+        (false, false) => Some(Cause::ByHand),
     }
 }
 
-/// The standby's prober, and what the relays need to drop its questions. Beside a LocalDNS that
-/// answers, the listeners were bound with the flows on LocalDNS's sockets (see `server::run`).
-pub fn begin(config: &Config, localdns_serves: bool) -> Result<(Prober, Arc<OwnProbes>), String> {
+/// The loop's prober, and what the relays need to drop its questions.
+pub fn prober(config: &Config) -> Result<(Prober, Arc<OwnProbes>), String> {
     let prober = Prober::new(&probed(config), rand::random())
-        .map_err(|e| format!("cannot make the standby's probe sockets: {e}"))?;
+        .map_err(|e| format!("cannot make the probe's sockets: {e}"))?;
     let own = Arc::new(OwnProbes::new(prober.ports(), &probed(config)));
-    if localdns_serves {
-        tracing::info!("LocalDNS answers on both listeners; standing by");
-    }
     Ok((prober, own))
 }
 
-/// What the standby acts on and hears from besides its prober.
+/// Pods' queries that reach us while LocalDNS holds the flows: the steering points at a socket
+/// of ours (a LocalDNS socket left its group and the kernel moved ours into its index). The
+/// relay says so at once; the loop then reads the groups at once rather than up to a look later.
+pub struct Strays {
+    wake: EventFd,
+    /// Who holds the flows, as the loop last published it.
+    counters: Arc<Counters>,
+}
+
+impl Strays {
+    pub fn new(counters: Arc<Counters>) -> std::io::Result<Arc<Strays>> {
+        let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Arc::new(Strays { wake, counters }))
+    }
+
+    /// New flows go to LocalDNS, not to us.
+    pub fn aside(&self) -> bool {
+        self.counters.takeovers.holding().is_none()
+    }
+
+    /// A relay read pods' queries.
+    pub fn reached_us(&self) {
+        if self.aside() {
+            let _ = self.wake.write(1);
+        }
+    }
+
+    /// Whether a query reached us since the last call.
+    fn came(&self) -> bool {
+        self.wake.read().is_ok()
+    }
+}
+
+/// What the loop acts on and hears from besides its prober.
 pub struct Shell {
     pub held: Arc<Mutex<Vec<Held>>>,
     pub config: Arc<Config>,
     pub counters: Arc<Counters>,
-    /// Pods' queries that reached our relays while we stood aside.
     pub strays: Arc<Strays>,
-    /// Closed at its other end to stop the standby.
-    pub stop: OwnedFd,
+    pub stop: Arc<Stop>,
+    /// The listener addresses that start-up put on lo.
+    pub on_lo: Vec<IpAddr>,
 }
 
-/// Runs until `shell.stop` is closed at its other end: carries out what [`Flows`] decides (who
-/// holds the flows, when to ask the probe, when to read the kernel's view of the groups) and
-/// feeds it what it saw. A plain loop on one thread, asleep in poll(2) between its deadlines:
-/// each wake costs CPU (about 50 µs on a VM whose CPU sleeps between wakes), and a runtime's
-/// timers and wake-ups cost as much again.
-pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
+/// Runs until `shell.stop`: carries out what [`Flows`] decides (who holds the flows, when to ask
+/// the probe, when to read the kernel's view of the groups) and feeds it what it saw; from the
+/// start, the flows are taken for `taken` if it says so. A plain loop on one thread, asleep in
+/// poll(2) between its deadlines: each wake costs CPU (about 50 µs on a VM whose CPU sleeps
+/// between wakes), and a runtime's timers and wake-ups cost as much again.
+pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
     let Shell {
         held,
         config,
         counters,
         strays,
         stop,
+        on_lo,
     } = shell;
-    let mut flows = Flows::new(Instant::now(), initially);
+    // A daemon started for a failed LocalDNS put the addresses on lo at its start and keeps no
+    // capability to move them (nor does it need to: it leaves when LocalDNS starts).
+    let moves_addresses = config.link_setup && config.standby;
+    let mut flows = Flows::new(Instant::now(), taken);
     // Without sock_diag the probe alone decides (as before the kernel's view was read).
     let mut diag = Diag::open()
         .inspect_err(|e| tracing::warn!(error = %e, "no sock_diag; a hung LocalDNS is noticed by its probe alone"))
@@ -105,8 +149,10 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
         .ok();
     // The listener addresses the standby put on lo (they are LocalDNS's only where they are
     // also on another link).
-    let mut ours = Vec::new();
-    flows.addresses(Instant::now(), where_addresses(&config, &ours));
+    let mut ours = on_lo;
+    if let Some(found) = where_addresses(&config, &ours) {
+        flows.addresses(Instant::now(), found);
+    }
     // The end of the probe round under way, if one is.
     let mut round: Option<Instant> = None;
     // LocalDNS's cgroups' directories, by id (see `listen::owners`).
@@ -121,19 +167,21 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
         let now = Instant::now();
         while let Some(out) = flows.poll(now) {
             match out {
-                Out::Take(why) => {
-                    ours.extend(hold_flows(&held, &config));
-                    tracing::info!("{}; serving its listeners", said(why));
-                    counters.takeovers.took_over(cause(why), SystemTime::now());
+                Out::Take(cause) => {
+                    ours.extend(hold_flows(&held, &config, moves_addresses));
+                    tracing::info!("{}; serving its listeners", cause.sentence());
+                    counters.takeovers.took_over(cause, SystemTime::now());
                 }
                 Out::HandBack => {
-                    ours.clear();
-                    if give_back(&held, &config) {
+                    if moves_addresses {
+                        ours.clear();
+                    }
+                    if give_back(&held, &config, moves_addresses) {
                         counters.takeovers.handed_back(SystemTime::now());
                     }
                 }
                 Out::Repoint if flows.holder() == Holder::Standby => {
-                    let added = hold_flows(&held, &config);
+                    let added = hold_flows(&held, &config, moves_addresses);
                     if !added.is_empty() {
                         tracing::info!("listener addresses were gone from lo; put back");
                     }
@@ -190,7 +238,6 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
         // `changes` (they queue between reads, so none is missed); without them the addresses
         // are checked every `ADDRESS_CHECK`.
         let aside = flows.holder() == Holder::LocalDns;
-        strays.stand_aside(aside);
         let mut wake = flows.deadline();
         if let Some(end) = round {
             wake = wake.min(end);
@@ -199,8 +246,8 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
             wake = wake.min(next_address_check);
         }
         let mut fds = vec![
-            PollFd::new(stop.as_fd(), PollFlags::POLLIN),
-            PollFd::new(strays.fd().as_fd(), PollFlags::POLLIN),
+            PollFd::new(stop.fd(), PollFlags::POLLIN),
+            PollFd::new(strays.wake.as_fd(), PollFlags::POLLIN),
         ];
         if let Some(fd) = &changes {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
@@ -224,7 +271,7 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
             return;
         }
         let now = Instant::now();
-        if revents(1) && strays.take() && aside {
+        if revents(1) && strays.came() && aside {
             strayed = true;
             flows.stray(now);
         }
@@ -237,8 +284,11 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
         if checked {
             next_address_check = now + ADDRESS_CHECK;
         }
-        if announced || checked {
-            flows.addresses(now, where_addresses(&config, &ours));
+        if let Some(found) = (announced || checked)
+            .then(|| where_addresses(&config, &ours))
+            .flatten()
+        {
+            flows.addresses(now, found);
         }
         if let Some(end) = round {
             let seen = prober.read().or((now >= end).then_some(Seen::Silent));
@@ -258,47 +308,28 @@ fn drain(changes: Option<&OwnedFd>) {
     }
 }
 
-fn said(why: Why) -> &'static str {
-    match why {
-        Why::NotServing => "LocalDNS does not answer",
-        Why::SilentProbe => "LocalDNS stopped answering its probe",
-        Why::Unread => "LocalDNS left queries unread in its sockets",
-        Why::AddressesGone => "the listener addresses are gone with LocalDNS's link",
-    }
-}
-
-/// The metrics' cause: a standby that found LocalDNS not answering at its start counts as the
-/// probe's.
-fn cause(why: Why) -> TakeoverCause {
-    match why {
-        Why::AddressesGone => TakeoverCause::AddressesGone,
-        Why::NotServing | Why::SilentProbe => TakeoverCause::SilentProbe,
-        Why::Unread => TakeoverCause::UnreadQueries,
-    }
-}
-
 /// Puts the listener addresses on lo and steers new flows to us, with our place in the groups
 /// read afresh. Returns the addresses that were missing from lo.
-fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config) -> Vec<IpAddr> {
+fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> Vec<IpAddr> {
     let mut added = Vec::new();
-    if config.link_setup {
-        match link::claim_on_loopback(&super::prepare::link_addresses(config)) {
+    if addresses {
+        match link::claim_on_loopback(&lo_addresses(config)) {
             Ok(outcome) => added = outcome.added,
             Err(e) => tracing::warn!("cannot put the listener addresses on lo: {e}"),
         }
     }
     for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
-        h.take();
+        h.steer_to_us();
     }
     added
 }
 
 /// New flows to LocalDNS and the addresses off lo; true if every group had a socket of its to
 /// take them (`flows` hands back only then; one that left since is found by the next look).
-fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
+fn give_back(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> bool {
     let handed = Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
-    if config.link_setup {
-        if let Err(e) = link::release_from_loopback(&super::prepare::link_addresses(config)) {
+    if addresses {
+        if let Err(e) = link::release_from_loopback(&lo_addresses(config)) {
             tracing::warn!("cannot take the listener addresses off lo: {e}");
         }
     }
@@ -313,32 +344,45 @@ const ADDRESS_CHECK: Duration = Duration::from_millis(20);
 /// Where the listener addresses are: each on an interface, and on one that is not lo or not only
 /// on lo because the standby put it there (`ours`). Without rtnetlink, a bind to each tells
 /// whether it is on any interface (a bind to an address that is not fails; nothing is sent).
-fn where_addresses(config: &Config, ours: &[IpAddr]) -> Addresses {
+/// `None` when neither can be asked (out of descriptors): not knowing is not "gone".
+fn where_addresses(config: &Config, ours: &[IpAddr]) -> Option<Addresses> {
     let wanted = probed(config).map(|l| l.ip());
     let Ok(found) = link::interfaces_of(&wanted) else {
-        let bound = wanted
-            .iter()
-            .all(|&ip| std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok());
-        return if bound {
-            Addresses::Theirs
-        } else {
-            Addresses::Gone
-        };
+        for ip in wanted {
+            match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(nix::libc::EADDRNOTAVAIL) => {
+                    return Some(Addresses::Gone);
+                }
+                Err(_) => return None,
+            }
+        }
+        return Some(Addresses::Theirs);
     };
     let lo = nix::net::if_::if_nametoindex(link::LOOPBACK).unwrap_or(1);
     let mut all_theirs = true;
     for ip in wanted {
         let on: Vec<u32> = found.iter().filter(|f| f.0 == ip).map(|f| f.1).collect();
         if on.is_empty() {
-            return Addresses::Gone;
+            return Some(Addresses::Gone);
         }
         all_theirs &= on.iter().any(|&i| i != lo) || !ours.contains(&ip);
     }
-    if all_theirs {
+    Some(if all_theirs {
         Addresses::Theirs
     } else {
         Addresses::Ours
-    }
+    })
+}
+
+/// The listener addresses that go on `lo`: loopback and wildcard listen addresses (tests, odd
+/// setups) are local already.
+pub fn lo_addresses(config: &Config) -> Vec<IpAddr> {
+    probed(config)
+        .map(|l| l.ip())
+        .into_iter()
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+        .collect()
 }
 
 /// The addresses the prober asks.
