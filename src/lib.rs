@@ -23,7 +23,8 @@
 //! - [`listen`]: socket binding (IP_FREEBIND, SO_REUSEPORT shared with LocalDNS, bounded retry
 //!   while a port is busy) and the steering programs that put flows on our sockets or LocalDNS's.
 //! - [`probe`]: LocalDNS's own probe question on both listeners: is LocalDNS serving?
-//! - [`link`]: the listener addresses on `lo`, over rtnetlink.
+//! - [`netlink`]: the kernel over netlink: the listener addresses on `lo` (rtnetlink), and the
+//!   members of a listener's port with what waits unread in them (sock_diag).
 //! - [`privilege`]: dropping capabilities once start-up is done.
 //! - [`confine`]: no writes to the node's files, from the first instant (Landlock).
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
@@ -47,11 +48,11 @@ pub use localdns_fallback_core::{
 pub mod cli;
 pub mod confine;
 pub mod discover;
-pub mod link;
 pub mod listen;
 pub mod mailbox;
 pub mod metrics;
 pub mod mmsg;
+pub mod netlink;
 pub mod privilege;
 pub mod probe;
 pub mod relay;

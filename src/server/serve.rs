@@ -17,8 +17,8 @@ use super::standby;
 use crate::cache::{Cache, KeyHasher};
 use crate::cli::Config;
 use crate::discover::follow;
-use crate::link;
 use crate::listen::Held;
+use crate::netlink;
 use crate::probe::OwnProbes;
 use crate::relay::{Stop, Strays};
 use crate::roles::{ListenerRole, UpstreamGroup};
@@ -284,7 +284,8 @@ impl Running {
         if config.link_setup {
             // Without CAP_NET_ADMIN (dropped when nothing needs it) this fails; the unit's
             // ExecStopPost removes them then, as it does after a kill.
-            if let Err(e) = link::release_from_loopback(&super::prepare::link_addresses(&config)) {
+            if let Err(e) = netlink::release_from_loopback(&super::prepare::link_addresses(&config))
+            {
                 tracing::info!("listener addresses left on lo for the unit to remove: {e}");
             }
         }

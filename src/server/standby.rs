@@ -22,8 +22,8 @@ use nix::sys::socket::MsgFlags;
 
 use crate::cli::Config;
 use crate::flows::{Addresses, Flows, Holder, Out, ROUNDS_TO_ACT, Why};
-use crate::link;
-use crate::listen::{Diag, Held, Looked, Proto};
+use crate::listen::Held;
+use crate::netlink::{self, Diag, Looked, Proto};
 use crate::probe::{self, OwnProbes, Prober, Seen};
 use crate::relay::Strays;
 use crate::stats::{Counters, TakeoverCause};
@@ -98,7 +98,7 @@ pub fn stand_by(mut prober: Prober, shell: Shell, initially: bool) {
     let mut diag = Diag::open()
         .inspect_err(|e| tracing::warn!(error = %e, "no sock_diag; a hung LocalDNS is noticed by its probe alone"))
         .ok();
-    let changes = link::address_changes()
+    let changes = netlink::address_changes()
         .inspect_err(
             |e| tracing::debug!(error = %e, "no address announcements; looking every 20 ms"),
         )
@@ -282,7 +282,7 @@ fn cause(why: Why) -> TakeoverCause {
 fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config) -> Vec<IpAddr> {
     let mut added = Vec::new();
     if config.link_setup {
-        match link::claim_on_loopback(&super::prepare::link_addresses(config)) {
+        match netlink::claim_on_loopback(&super::prepare::link_addresses(config)) {
             Ok(outcome) => added = outcome.added,
             Err(e) => tracing::warn!("cannot put the listener addresses on lo: {e}"),
         }
@@ -298,7 +298,7 @@ fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config) -> Vec<IpAddr> {
 fn give_back(held: &Mutex<Vec<Held>>, config: &Config) -> bool {
     let handed = Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
     if config.link_setup {
-        if let Err(e) = link::release_from_loopback(&super::prepare::link_addresses(config)) {
+        if let Err(e) = netlink::release_from_loopback(&super::prepare::link_addresses(config)) {
             tracing::warn!("cannot take the listener addresses off lo: {e}");
         }
     }
@@ -315,7 +315,7 @@ const ADDRESS_CHECK: Duration = Duration::from_millis(20);
 /// whether it is on any interface (a bind to an address that is not fails; nothing is sent).
 fn where_addresses(config: &Config, ours: &[IpAddr]) -> Addresses {
     let wanted = probed(config).map(|l| l.ip());
-    let Ok(found) = link::interfaces_of(&wanted) else {
+    let Ok(found) = netlink::interfaces_of(&wanted) else {
         let bound = wanted
             .iter()
             .all(|&ip| std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok());
@@ -325,7 +325,7 @@ fn where_addresses(config: &Config, ours: &[IpAddr]) -> Addresses {
             Addresses::Gone
         };
     };
-    let lo = nix::net::if_::if_nametoindex(link::LOOPBACK).unwrap_or(1);
+    let lo = nix::net::if_::if_nametoindex(netlink::LOOPBACK).unwrap_or(1);
     let mut all_theirs = true;
     for ip in wanted {
         let on: Vec<u32> = found.iter().filter(|f| f.0 == ip).map(|f| f.1).collect();
