@@ -16,6 +16,7 @@ use nix::sys::socket::{MsgFlags, SockFlag, SockProtocol};
 use super::{Netlink, attributes, messages, push_header};
 use crate::flows::Queue;
 
+/// Which of a port's two SO_REUSEPORT groups: UDP sockets or TCP listeners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
     Udp,
