@@ -25,7 +25,8 @@
 //! - [`standby`]: who holds LocalDNS's flows, carried out: the loop every daemon runs, the probe
 //!   (LocalDNS's own question on both listeners), what the processes behind its sockets do.
 //! - [`stop`]: the one way every thread and task is told to stop.
-//! - [`link`]: the listener addresses on `lo`, over rtnetlink.
+//! - [`netlink`]: the kernel over netlink: the listener addresses on `lo` (rtnetlink), and the
+//!   members of a listener's port with what waits unread in them (sock_diag).
 //! - [`privilege`]: dropping capabilities once start-up is done.
 //! - [`confine`]: no writes to the node's files, from the first instant (Landlock).
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
@@ -49,11 +50,11 @@ pub use localdns_fallback_core::{
 pub mod cli;
 pub mod confine;
 pub mod discover;
-pub mod link;
 pub mod listen;
 pub mod mailbox;
 pub mod metrics;
 pub mod mmsg;
+pub mod netlink;
 pub mod privilege;
 pub mod relay;
 pub mod report;

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use hickory_proto::rr::RecordType;
-use localdns_fallback::link;
 use localdns_fallback::listen::{self, Bound};
+use localdns_fallback::netlink;
 use nix::sys::signal::Signal;
 
 const LISTENER: &str = "169.254.10.10:53";
@@ -254,9 +254,9 @@ fn loopback_addresses_are_claimed_once_and_released() {
         "169.254.10.11".parse().unwrap(),
     ];
     ns.enter(|| {
-        let first = link::claim_on_loopback(&addrs).unwrap();
+        let first = netlink::claim_on_loopback(&addrs).unwrap();
         assert_eq!(first.added, addrs);
-        let again = link::claim_on_loopback(&addrs).unwrap();
+        let again = netlink::claim_on_loopback(&addrs).unwrap();
         assert_eq!((again.added.len(), again.present), (0, addrs.to_vec()));
     });
     let shown = ns.ip("-4 addr show dev lo");
@@ -265,8 +265,8 @@ fn loopback_addresses_are_claimed_once_and_released() {
         "{shown}"
     );
     ns.enter(|| {
-        link::release_from_loopback(&addrs).unwrap();
-        link::release_from_loopback(&addrs).expect("releasing twice is fine");
+        netlink::release_from_loopback(&addrs).unwrap();
+        netlink::release_from_loopback(&addrs).expect("releasing twice is fine");
     });
     let shown = ns.ip("-4 addr show dev lo");
     assert!(!shown.contains("169.254.10.1"), "{shown}");

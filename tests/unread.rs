@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use hickory_proto::rr::RecordType;
-use localdns_fallback::listen::{Diag, Proto};
+use localdns_fallback::netlink::{Diag, Proto};
 
 const LISTENERS: [&str; 2] = ["169.254.10.10:53", "169.254.10.11:53"];
 

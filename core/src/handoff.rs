@@ -10,7 +10,7 @@
 //! 3. Release (`listen::Held::release`): detach the steering program (LocalDNS's sockets share
 //!    as before) and close our sockets at once after it (between the two a new flow may still
 //!    hash to us: microseconds); then the listener addresses leave `lo`
-//!    (`link::release_from_loopback`).
+//!    (`netlink::release_from_loopback`).
 //!
 //! This module is the pure part: when the drain is over.
 

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::diag::{Proto, group_members};
 use super::steer::{Held, Place, Steering, steer_at_join};
+use crate::netlink::{Proto, group_members};
 
 /// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
 /// the worker is busy waits in the kernel instead of being dropped, and a burst of answers (a

@@ -5,7 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use super::diag::{Diag, Looked, Proto, group_members};
+use crate::netlink::{Diag, Looked, Proto, group_members};
 use nix::libc::{
     self, BPF_A, BPF_ABS, BPF_ADD, BPF_ALU, BPF_B, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD,
     BPF_LEN, BPF_MOD, BPF_RET, BPF_W, SKF_AD_OFF,

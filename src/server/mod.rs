@@ -59,10 +59,10 @@ pub fn release_addresses(config: &Config) -> Result<(), String> {
         .into_iter()
         .filter(|ip| {
             [node, cluster].iter().filter(|l| l.ip() == *ip).all(|&l| {
-                crate::listen::group_members(l, crate::listen::Proto::Udp)
+                crate::netlink::group_members(l, crate::netlink::Proto::Udp)
                     .is_ok_and(|m| m.is_empty())
             })
         })
         .collect();
-    crate::link::release_from_loopback(&idle)
+    crate::netlink::release_from_loopback(&idle)
 }

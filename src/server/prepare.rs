@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use crate::cli::Config;
 use crate::discover::Source;
 use crate::listen::{self, Bound};
-use crate::{link, privilege};
+use crate::{netlink, privilege};
 
 /// What serving starts from.
 pub struct Prepared {
@@ -90,11 +90,11 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
 }
 
 /// Puts the listener addresses on `lo`, where LocalDNS never deletes them; its own link
-/// `localdns` is left as it is (see `link`).
+/// `localdns` is left as it is (see `netlink`).
 fn set_up_link(config: &Config) -> Result<Vec<IpAddr>, String> {
-    let outcome = link::claim_on_loopback(&crate::standby::lo_addresses(config))?;
+    let outcome = netlink::claim_on_loopback(&crate::standby::lo_addresses(config))?;
     tracing::info!(
-        on = link::LOOPBACK,
+        on = netlink::LOOPBACK,
         added = ?outcome.added,
         already_there = ?outcome.present,
         "listener addresses in place"

@@ -17,8 +17,8 @@ use crate::cache::{Cache, KeyHasher};
 use crate::cli::Config;
 use crate::discover::follow;
 use crate::flows::Cause;
-use crate::link;
 use crate::listen::Held;
+use crate::netlink;
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::standby::{self, OwnProbes, Strays};
 use crate::stats::Counters;
@@ -260,7 +260,7 @@ impl Running {
         if config.link_setup {
             // Without CAP_NET_ADMIN (dropped when nothing needs it) this fails; the unit's
             // ExecStopPost removes them then, as it does after a kill.
-            if let Err(e) = link::release_from_loopback(&standby::lo_addresses(&config)) {
+            if let Err(e) = netlink::release_from_loopback(&standby::lo_addresses(&config)) {
                 tracing::info!("listener addresses left on lo for the unit to remove: {e}");
             }
         }

@@ -16,6 +16,7 @@
 //! Here: the loop; `probe` (LocalDNS's own question); `owners` (what the processes behind a
 //! queue left unread are doing).
 
+pub mod owners;
 pub mod probe;
 
 use std::net::{IpAddr, SocketAddr};
@@ -30,8 +31,8 @@ use crate::cli::Config;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::flows::{Addresses, Cause, Flows, Holder, Out, ROUNDS_TO_ACT};
-use crate::link;
-use crate::listen::{Diag, Held, Looked, Proto};
+use crate::listen::Held;
+use crate::netlink::{self, Diag, Looked, Proto};
 use crate::stats::Counters;
 use crate::stop::Stop;
 pub use probe::OwnProbes;
@@ -142,7 +143,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
     let mut diag = Diag::open()
         .inspect_err(|e| tracing::warn!(error = %e, "no sock_diag; a hung LocalDNS is noticed by its probe alone"))
         .ok();
-    let changes = link::address_changes()
+    let changes = netlink::address_changes()
         .inspect_err(
             |e| tracing::debug!(error = %e, "no address announcements; looking every 20 ms"),
         )
@@ -155,7 +156,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
     }
     // The end of the probe round under way, if one is.
     let mut round: Option<Instant> = None;
-    // LocalDNS's cgroups' directories, by id (see `listen::owners`).
+    // LocalDNS's cgroups' directories, by id (see `owners`).
     let mut cgroup_paths = Vec::new();
     // LocalDNS's sockets at the last look, and the TCP listeners as last read (see `Out::Look`).
     let mut seen = Looked::new();
@@ -199,7 +200,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                         .filter(|(m, _)| suspects.contains(&m.inode))
                         .map(|&(_, c)| c)
                         .collect();
-                    let owners = crate::listen::owners(&cgroups, &mut cgroup_paths);
+                    let owners = owners::owners(&cgroups, &mut cgroup_paths);
                     tracing::debug!(?owners, "LocalDNS leaves a queue unread");
                     flows.owners(now, owners);
                 }
@@ -313,7 +314,7 @@ fn drain(changes: Option<&OwnedFd>) {
 fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> Vec<IpAddr> {
     let mut added = Vec::new();
     if addresses {
-        match link::claim_on_loopback(&lo_addresses(config)) {
+        match netlink::claim_on_loopback(&lo_addresses(config)) {
             Ok(outcome) => added = outcome.added,
             Err(e) => tracing::warn!("cannot put the listener addresses on lo: {e}"),
         }
@@ -329,7 +330,7 @@ fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> Vec<
 fn give_back(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> bool {
     let handed = Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
     if addresses {
-        if let Err(e) = link::release_from_loopback(&lo_addresses(config)) {
+        if let Err(e) = netlink::release_from_loopback(&lo_addresses(config)) {
             tracing::warn!("cannot take the listener addresses off lo: {e}");
         }
     }
@@ -347,7 +348,7 @@ const ADDRESS_CHECK: Duration = Duration::from_millis(20);
 /// `None` when neither can be asked (out of descriptors): not knowing is not "gone".
 fn where_addresses(config: &Config, ours: &[IpAddr]) -> Option<Addresses> {
     let wanted = probed(config).map(|l| l.ip());
-    let Ok(found) = link::interfaces_of(&wanted) else {
+    let Ok(found) = netlink::interfaces_of(&wanted) else {
         for ip in wanted {
             match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
                 Ok(_) => {}
@@ -359,7 +360,7 @@ fn where_addresses(config: &Config, ours: &[IpAddr]) -> Option<Addresses> {
         }
         return Some(Addresses::Theirs);
     };
-    let lo = nix::net::if_::if_nametoindex(link::LOOPBACK).unwrap_or(1);
+    let lo = nix::net::if_::if_nametoindex(netlink::LOOPBACK).unwrap_or(1);
     let mut all_theirs = true;
     for ip in wanted {
         let on: Vec<u32> = found.iter().filter(|f| f.0 == ip).map(|f| f.1).collect();

@@ -41,8 +41,8 @@ impl StandIn {
     /// As [`StandIn::start`], spending `cost` of CPU on each answer besides the socket calls
     /// (knot spends several times what this stand-in does, which matters under a CPU quota).
     pub fn start_costing(ns: &Netns, per_address: usize, cost: Duration) -> StandIn {
-        let cgroup =
-            localdns_fallback::listen::cgroup_root().join(format!("lf-standin-{}", unique_name()));
+        let cgroup = localdns_fallback::standby::owners::cgroup_root()
+            .join(format!("lf-standin-{}", unique_name()));
         std::fs::create_dir(&cgroup).unwrap();
         let mut child = ns
             .exec(

@@ -2,46 +2,40 @@
 //! SO_REUSEPORT groups by inode, with what waits unread in it (a UDP socket's receive queue in
 //! bytes, a TCP listener's accept queue in connections).
 //!
-//! Hand-written rather than netlink-packet-sock-diag and netlink-sys: the request is one fixed
-//! 72-byte struct plus a 16-byte port filter and the reply one fixed 72-byte struct, where the
-//! crates would add four dependencies for the same two structs (`link` talks rtnetlink the same
-//! way). One dump per protocol filtered in the kernel to the port, in the calling thread's
-//! network namespace; unlike /proc/net it never formats the node's other sockets as text.
+//! The request is one fixed 72-byte inet_diag_req_v2 plus a 16-byte port filter and the reply one
+//! fixed 72-byte inet_diag_msg. One dump per protocol filtered in the kernel to the port, in the
+//! calling thread's network namespace; unlike /proc/net it never formats the node's other sockets
+//! as text.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd};
 
-use nix::libc;
-use nix::sys::socket::{
-    self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
-};
+use nix::libc::{self, NLM_F_DUMP, NLM_F_REQUEST, c_int};
+use nix::sys::socket::{MsgFlags, SockFlag, SockProtocol};
 
+use super::{Netlink, attributes, messages, push_header};
+use crate::flows::Queue;
+
+/// Which of a port's two SO_REUSEPORT groups: UDP sockets or TCP listeners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
     Udp,
     Tcp,
 }
 
-use crate::flows::Owners;
-/// A member of a port's SO_REUSEPORT group: its inode and what waits unread in it (a UDP
-/// socket's receive queue in bytes, a TCP listener's accept queue in connections).
-pub use crate::flows::Queue as Member;
-use crate::link;
-
-/// A member of a group on one port: local address, member, and the id of the cgroup (v2) of
-/// the process that made the socket.
-pub type Entry = (IpAddr, Member, u64);
+/// A member of a group on one port: local address, inode and what waits unread in it, and the id
+/// of the cgroup (v2) of the process that made the socket.
+pub type Entry = (IpAddr, Queue, u64);
 /// The members of the groups on one port.
 pub type Dump = Vec<Entry>;
 
 /// Sockets seen in a look, each with its cgroup id.
-pub type Looked = Vec<(Member, u64)>;
+pub type Looked = Vec<(Queue, u64)>;
 
 /// A sock_diag socket, kept by a reader that looks often, and what it learned of the groups it
 /// read (see [`Diag::theirs`]).
 pub struct Diag {
-    fd: OwnedFd,
+    nl: Netlink,
     keyed: Vec<Keyed>,
 }
 
@@ -65,25 +59,20 @@ const DUMP_EVERY: u32 = 40;
 const KEY_TRIES: u16 = 128;
 const KEYS_AT_ONCE: u16 = 32;
 
-// Not in libc (linux/sock_diag.h, linux/inet_diag.h, the kernel's TCP states).
+// The netlink constants libc lacks (linux/sock_diag.h, linux/inet_diag.h, the kernel's TCP
+// states).
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const INET_DIAG_REQ_BYTECODE: u16 = 1;
 const INET_DIAG_BC_S_COND: u8 = 7;
+const INET_DIAG_CGROUP_ID: u16 = 21;
 /// An unconnected UDP socket is in TCP_CLOSE; a connected one (a client) is no member.
 const TCP_CLOSE: u32 = 7;
 const TCP_LISTEN: u32 = 10;
 
 impl Diag {
     pub fn open() -> io::Result<Diag> {
-        let fd = socket::socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkSockDiag,
-        )?;
-        socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
         Ok(Diag {
-            fd,
+            nl: Netlink::open(SockProtocol::NetlinkSockDiag, 0, SockFlag::empty())?,
             keyed: Vec::new(),
         })
     }
@@ -242,16 +231,16 @@ impl Diag {
     /// kernel answers within the send, so nothing is waited for; an answer it could not queue
     /// is missing.
     fn exchange(&self, reqs: &[u8], n: usize) -> io::Result<Vec<(u32, Option<Entry>)>> {
-        socket::send(self.fd.as_raw_fd(), reqs, MsgFlags::empty())?;
+        self.nl.send(reqs)?;
         let mut replies = Vec::with_capacity(n);
         let mut buf = vec![0u8; 8 << 10];
         while replies.len() < n {
-            let got = match socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            let got = match self.nl.recv(&mut buf, MsgFlags::MSG_DONTWAIT) {
                 Ok(got) => got,
                 Err(nix::errno::Errno::EAGAIN) => break,
                 Err(e) => return Err(e.into()),
             };
-            for m in link::messages(&buf[..got]) {
+            for m in messages(&buf[..got]) {
                 let m = m?;
                 let found = (m.ty == SOCK_DIAG_BY_FAMILY).then(|| member(m.payload));
                 replies.push((m.seq, found.flatten()));
@@ -262,7 +251,7 @@ impl Diag {
 
     /// The sockets bound to exactly `addr` that are members of its group: unconnected UDP
     /// sockets, or TCP listeners.
-    pub fn members(&self, addr: SocketAddr, proto: Proto) -> io::Result<Vec<Member>> {
+    pub fn members(&self, addr: SocketAddr, proto: Proto) -> io::Result<Vec<Queue>> {
         let all = self.port(addr.port(), addr.is_ipv6(), proto)?;
         Ok(all
             .into_iter()
@@ -274,26 +263,10 @@ impl Diag {
     /// The members of every group on `port` (of IPv6 addresses if `v6`), by local address: one
     /// dump serves both listeners.
     pub fn port(&self, port: u16, v6: bool, proto: Proto) -> io::Result<Dump> {
-        socket::send(
-            self.fd.as_raw_fd(),
-            &request(port, v6, proto),
-            MsgFlags::empty(),
-        )?;
         let mut members = Vec::new();
-        let mut buf = vec![0u8; 16 << 10];
-        loop {
-            let n = socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
-            for m in link::messages(&buf[..n]) {
-                let m = m?;
-                if let Some(code) = m.error() {
-                    return Err(io::Error::from_raw_os_error(-code));
-                }
-                if m.ty == libc::NLMSG_DONE as u16 {
-                    return Ok(members);
-                }
-                members.extend(member(m.payload));
-            }
-        }
+        let each = |m: &super::Message| members.extend(member(m.payload));
+        self.nl.dump(&request(port, v6, proto), each)?;
+        Ok(members)
     }
 }
 
@@ -307,7 +280,7 @@ pub fn group_members(addr: SocketAddr, proto: Proto) -> io::Result<Vec<u64>> {
 /// socket id `id` (sport, dport, src, dst, interface, cookie); `more` bytes follow.
 fn push_request(
     m: &mut Vec<u8>,
-    (flags, seq): (libc::c_int, u32),
+    (flags, seq): (c_int, u32),
     v6: bool,
     proto: Proto,
     states: u32,
@@ -319,7 +292,7 @@ fn push_request(
         Proto::Udp => libc::IPPROTO_UDP,
         Proto::Tcp => libc::IPPROTO_TCP,
     } as u8;
-    link::push_header(m, 56 + more, SOCK_DIAG_BY_FAMILY, flags, seq);
+    push_header(m, 56 + more, SOCK_DIAG_BY_FAMILY, flags, seq);
     m.extend_from_slice(&[family, protocol, 0, 0]);
     m.extend_from_slice(&states.to_ne_bytes());
     m.extend_from_slice(id);
@@ -335,7 +308,7 @@ fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
     let mut m = Vec::with_capacity(16 + 56 + 16);
     push_request(
         &mut m,
-        (libc::NLM_F_REQUEST | libc::NLM_F_DUMP, 0),
+        (NLM_F_REQUEST | NLM_F_DUMP, 0),
         v6,
         proto,
         1 << state,
@@ -376,7 +349,7 @@ fn one_request(m: &mut Vec<u8>, (addr, proto): (SocketAddr, Proto), key: u16, se
     id[40..].copy_from_slice(&[0xff; 8]);
     push_request(
         m,
-        (libc::NLM_F_REQUEST, seq),
+        (NLM_F_REQUEST, seq),
         addr.is_ipv6(),
         proto,
         u32::MAX,
@@ -384,8 +357,6 @@ fn one_request(m: &mut Vec<u8>, (addr, proto): (SocketAddr, Proto), key: u16, se
         0,
     );
 }
-
-const INET_DIAG_CGROUP_ID: u16 = 21;
 
 /// An inet_diag_msg and its attributes: its local address, the member it names if it is
 /// unconnected, and its cgroup. (A dump's filter and a request by key give only the port
@@ -400,84 +371,16 @@ fn member(msg: &[u8]) -> Option<Entry> {
     } else {
         IpAddr::from(<[u8; 4]>::try_from(&msg[8..12]).expect("4"))
     };
-    let m = Member {
+    let m = Queue {
         inode: u64::from(u32_at(68)),
         queued: u32_at(56),
     };
-    let (mut at, mut cgroup) = (72, 0);
-    while at + 4 <= msg.len() {
-        let len = usize::from(u16::from_ne_bytes([msg[at], msg[at + 1]]));
-        let ty = u16::from_ne_bytes([msg[at + 2], msg[at + 3]]);
-        if len < 4 || at + len > msg.len() {
-            break;
-        }
-        if ty == INET_DIAG_CGROUP_ID && len >= 12 {
-            cgroup = u64::from_ne_bytes(msg[at + 4..at + 12].try_into().expect("8"));
-        }
-        at += (len + 3) & !3;
-    }
+    let cgroup = attributes(&msg[72..])
+        .find(|(ty, data)| *ty == INET_DIAG_CGROUP_ID && data.len() >= 8)
+        .map_or(0, |(_, d)| {
+            u64::from_ne_bytes(d[..8].try_into().expect("8"))
+        });
     Some((ip, m, cgroup))
-}
-
-/// What the processes that made sockets of `cgroups` do: a thread running or waiting for a CPU
-/// (state R: its unread queue is starvation or its slice's CPU quota, not a hang), every thread
-/// stopped (T: SIGSTOP), or else asleep. Found through the sockets' cgroups (v2; a cgroup id is
-/// its directory's inode number), whose threads anyone may list and whose states anyone may
-/// read: the standby keeps no capability to look into another process's descriptors. `paths`
-/// keeps the directories found, by id. The root cgroup, or one not found (no cgroup mount, as
-/// under `ip netns exec`), counts as asleep: the queue alone decides.
-pub fn owners(cgroups: &[u64], paths: &mut Vec<(u64, std::path::PathBuf)>) -> Owners {
-    let root = cgroup_root();
-    let mut states = Vec::new();
-    for &id in cgroups {
-        if !paths.iter().any(|(i, _)| *i == id) {
-            if let Some(p) = find_cgroup(&root, id) {
-                paths.push((id, p));
-            }
-        }
-        let Some((_, path)) = paths.iter().find(|(i, p)| *i == id && *p != root) else {
-            return Owners::Asleep;
-        };
-        let threads = std::fs::read_to_string(path.join("cgroup.threads")).unwrap_or_default();
-        for tid in threads.lines() {
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", tid.trim()));
-            if let Some(state) = stat
-                .ok()
-                .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.chars().next()))
-            {
-                states.extend(state);
-            }
-        }
-    }
-    if states.contains(&'R') {
-        Owners::Runnable
-    } else if !states.is_empty() && states.iter().all(|&c| c == 'T' || c == 't') {
-        Owners::Stopped
-    } else {
-        Owners::Asleep
-    }
-}
-
-/// The cgroup v2 hierarchy (on a hybrid host, its `unified` mount).
-pub fn cgroup_root() -> std::path::PathBuf {
-    let v2 = std::path::Path::new("/sys/fs/cgroup");
-    if v2.join("cgroup.controllers").exists() {
-        v2.to_path_buf()
-    } else {
-        v2.join("unified")
-    }
-}
-
-fn find_cgroup(dir: &std::path::Path, id: u64) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    if std::fs::metadata(dir).ok()?.ino() == id {
-        return Some(dir.to_path_buf());
-    }
-    std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .find_map(|e| find_cgroup(&e.path(), id))
 }
 
 #[cfg(test)]
@@ -589,7 +492,7 @@ mod tests {
         let addr = a.local_addr().unwrap().as_socket().unwrap();
         let b = shared(Type::DGRAM, addr);
         let diag = Diag::open().unwrap();
-        let inodes = |m: Vec<Member>| {
+        let inodes = |m: Vec<Queue>| {
             let mut v: Vec<u64> = m.iter().map(|m| m.inode).collect();
             v.sort();
             v
