@@ -19,6 +19,12 @@ use common::*;
 use hickory_proto::rr::RecordType;
 use localdns_fallback::listen::{self, Bound};
 use localdns_fallback::netlink;
+
+/// Our places in the groups read afresh, as the daemon does before it moves the flows.
+fn read_places(steering: &mut listen::Steering) {
+    let mut diag = netlink::Diag::open().unwrap();
+    listen::read_places(&mut diag, &mut [steering]).unwrap();
+}
 use nix::sys::signal::Signal;
 
 const LISTENER: &str = "169.254.10.10:53";
@@ -122,6 +128,7 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
 
         // LocalDNS is ready: hand over. Queued before, still ours to answer; new flows go to it.
         send_flows(50, 2);
+        read_places(&mut ours.steering);
         let handed = ours
             .steering
             .stand_aside(ours.udp.as_fd(), our_tcp.as_fd())
@@ -184,6 +191,7 @@ fn when_the_orphan_exits_the_steering_follows_our_new_place() {
         let mut ours = bind_ours();
         let our_tcp = ours.tcp;
         drop((orphan_udp, orphan_tcp));
+        read_places(&mut ours.steering);
         ours.steering
             .steer_to_us(ours.udp.as_fd(), our_tcp.as_fd())
             .unwrap();
@@ -217,6 +225,7 @@ fn a_localdns_restarted_since_our_last_look_gets_the_flows_at_the_hand_over() {
         let our_tcp = ours.tcp;
         drop((old_udp, old_tcp));
         let (ld_udp, ld_tcp) = bind_coredns();
+        read_places(&mut ours.steering);
         let handed = ours
             .steering
             .stand_aside(ours.udp.as_fd(), our_tcp.as_fd())

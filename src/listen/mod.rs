@@ -18,4 +18,4 @@ mod bind;
 mod steer;
 
 pub use bind::{Bound, RECV_BUFFER, SEND_BUFFER, bind_listener, buffers};
-pub use steer::{Held, Steering};
+pub use steer::{Held, Steering, read_places};

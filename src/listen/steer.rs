@@ -5,7 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use crate::netlink::{Diag, Looked, Proto, group_members};
+use crate::netlink::{Diag, Looked, Proto};
 use nix::libc::{
     self, BPF_A, BPF_ABS, BPF_ADD, BPF_ALU, BPF_B, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD,
     BPF_LEN, BPF_MOD, BPF_RET, BPF_W, SKF_AD_OFF,
@@ -21,20 +21,15 @@ pub struct Steering {
 }
 
 impl Steering {
-    /// See [`Held::steer_to_us`]. A port that is not shared (port 0) has nothing to steer.
+    /// Points each group's program at our socket, except LocalDNS's probe questions over UDP,
+    /// from our places as last read ([`read_places`]). A port that is not shared (port 0) has
+    /// nothing to steer.
     pub fn steer_to_us(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
         if self.addr.port() == 0 {
             return Ok(());
         }
-        let udp_members = group_members(self.addr, Proto::Udp)?;
-        self.udp.update(&udp_members);
-        let tcp_members = group_members(self.addr, Proto::Tcp)?;
-        self.tcp.update(&tcp_members);
         match self.udp.index() {
-            Some(ours) => attach(
-                udp,
-                &program_to_except_probes(ours, udp_members.len() as u32),
-            )?,
+            Some(ours) => attach(udp, &program_to_except_probes(ours, self.udp.members()))?,
             None => unsteer(udp)?,
         }
         match self.tcp.index() {
@@ -45,35 +40,23 @@ impl Steering {
 
     /// Sends new flows to the other members of each group (LocalDNS, once it is ready) and no
     /// longer to us, so that what we still have can be answered before we close; true if both
-    /// groups have another member to take them. Our place and the group's size are read afresh:
-    /// a LocalDNS restart (its socket closes, a new one joins) moves us into the index its closed
-    /// socket left, where a program made from what we knew before would point. Alone in a group,
-    /// the program points at the next member to join (the kernel hashes to us until one does).
-    /// Where our place is no longer known the program is left as it is.
+    /// groups have another member to take them. From our places as last read: read them right
+    /// before ([`read_places`]), since a LocalDNS restart (its socket closes, a new one joins)
+    /// moves us into the index its closed socket left. Alone in a group, the program points at
+    /// the next member to join (the kernel hashes to us until one does). Where our place is no
+    /// longer known the program is left as it is.
     pub fn stand_aside(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<bool> {
         if self.addr.port() == 0 {
             return Ok(false);
         }
-        let addr = self.addr;
         let mut handed = true;
-        for (slot, fd, proto) in [
-            (&mut self.udp, udp, Proto::Udp),
-            (&mut self.tcp, tcp, Proto::Tcp),
-        ] {
-            let now = group_members(addr, proto)?;
-            let members = now.len() as u32;
-            let before = slot.index();
-            slot.update(&now);
-            handed &= members > 1 && slot.index().is_some();
-            match slot.index() {
-                Some(ours) => {
-                    if before != Some(ours) {
-                        tracing::info!(%addr, ?proto, index = ours, members, "our place in the port's group moved; flows stay with LocalDNS");
-                    }
-                    steer_away(fd, ours, members.max(ours + 1).max(2))?;
-                }
+        for (place, fd, proto) in [(&self.udp, udp, Proto::Udp), (&self.tcp, tcp, Proto::Tcp)] {
+            let members = place.members();
+            handed &= members > 1 && place.index().is_some();
+            match place.index() {
+                Some(ours) => steer_away(fd, ours, members.max(ours + 1).max(2))?,
                 None => {
-                    tracing::warn!(%addr, ?proto, "our place in the port's group is no longer known; steering left as it is")
+                    tracing::warn!(addr = %self.addr, ?proto, "our place in the port's group is no longer known; steering left as it is")
                 }
             }
         }
@@ -87,6 +70,38 @@ impl Steering {
         unsteer(udp)?;
         unsteer(tcp)
     }
+}
+
+/// Reads every group of `steerings` afresh (one sock_diag dump per port and protocol, however
+/// many listeners) and moves our places as members came and went.
+pub fn read_places(diag: &mut Diag, steerings: &mut [&mut Steering]) -> io::Result<()> {
+    let shared: Vec<&mut &mut Steering> = steerings
+        .iter_mut()
+        .filter(|s| s.addr.port() != 0)
+        .collect();
+    let groups: Vec<_> = shared
+        .iter()
+        .flat_map(|s| {
+            [
+                (s.addr, Proto::Udp, s.udp.ours),
+                (s.addr, Proto::Tcp, s.tcp.ours),
+            ]
+        })
+        .collect();
+    let read = diag.theirs(&groups, true)?;
+    for (s, pair) in shared.into_iter().zip(read.chunks(2)) {
+        for (place, theirs, proto) in [
+            (&mut s.udp, &pair[0], Proto::Udp),
+            (&mut s.tcp, &pair[1], Proto::Tcp),
+        ] {
+            let before = place.index();
+            place.update(&theirs.iter().map(|(m, _)| m.inode).collect::<Vec<_>>());
+            if place.index() != before {
+                tracing::info!(addr = %s.addr, ?proto, index = ?place.index(), "our place in the port's group moved");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One listener's steering and a descriptor of each of its sockets, kept by start-up for the
@@ -109,8 +124,17 @@ impl Held {
         })
     }
 
+    /// Our places in every listener's groups, read afresh with `diag` (without sock_diag they
+    /// stay as they were at the bind).
+    pub fn read_places(diag: Option<&mut Diag>, held: &mut [Held]) {
+        let mut steerings: Vec<&mut Steering> = held.iter_mut().map(|h| &mut h.steering).collect();
+        if let Some(Err(e)) = diag.map(|d| read_places(d, &mut steerings)) {
+            tracing::warn!(error = %e, "cannot read our places in the ports' groups");
+        }
+    }
+
     /// New flows to LocalDNS on every listener (none skipped when one fails); true if all of
-    /// them were handed over.
+    /// them were handed over. Read the places first.
     pub fn hand_over_all(held: &mut [Held]) -> bool {
         held.iter_mut()
             .map(Held::stand_aside)
@@ -118,9 +142,9 @@ impl Held {
     }
 
     /// New flows to us again, except LocalDNS's probe questions over UDP, which go on reaching
-    /// LocalDNS's own sockets (the standby mode asks them to learn when to hand back). Our place
-    /// and the group's size are read afresh: members came and went while we stood by. False if
-    /// the steering could not be set (we then share flows with the other members).
+    /// LocalDNS's own sockets (the standby mode asks them to learn when to hand back). Read the
+    /// places first: members came and went while we stood by. False if the steering could not
+    /// be set (we then share flows with the other members).
     pub fn steer_to_us(&mut self) -> bool {
         match self
             .steering
@@ -219,6 +243,11 @@ impl Place {
 
     pub fn index(&self) -> Option<u32> {
         self.known.then_some(self.below.len() as u32)
+    }
+
+    /// Members of the group, ours among them, as far as they are known.
+    pub fn members(&self) -> u32 {
+        (self.below.len() + self.above.len() + 1) as u32
     }
 
     /// Takes the members present now (ours among them or not).

@@ -18,7 +18,7 @@ use crate::cli::Config;
 use crate::discover::follow;
 use crate::flows::Cause;
 use crate::listen::Held;
-use crate::netlink;
+use crate::netlink::{self, Diag};
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::standby::{self, OwnProbes, Strays};
 use crate::stats::Counters;
@@ -225,6 +225,7 @@ impl Running {
         // answer what already reached us before they close.
         let mut held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
         // The drain needs every listener handed over.
+        Held::read_places(Diag::open().ok().as_mut(), &mut held);
         let handed = Held::hand_over_all(&mut held);
         if handed {
             counters.takeovers.handed_back(std::time::SystemTime::now());

@@ -169,7 +169,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         while let Some(out) = flows.poll(now) {
             match out {
                 Out::Take(cause) => {
-                    ours.extend(hold_flows(&held, &config, moves_addresses));
+                    ours.extend(hold_flows(&held, diag.as_mut(), &config, moves_addresses));
                     tracing::info!("{}; serving its listeners", cause.sentence());
                     counters.takeovers.took_over(cause, SystemTime::now());
                 }
@@ -177,19 +177,21 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                     if moves_addresses {
                         ours.clear();
                     }
-                    if give_back(&held, &config, moves_addresses) {
+                    if give_back(&held, diag.as_mut(), &config, moves_addresses) {
                         counters.takeovers.handed_back(SystemTime::now());
                     }
                 }
                 Out::Repoint if flows.holder() == Holder::Standby => {
-                    let added = hold_flows(&held, &config, moves_addresses);
+                    let added = hold_flows(&held, diag.as_mut(), &config, moves_addresses);
                     if !added.is_empty() {
                         tracing::info!("listener addresses were gone from lo; put back");
                     }
                     ours.extend(added);
                 }
                 Out::Repoint => {
-                    Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
+                    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+                    Held::read_places(diag.as_mut(), &mut held);
+                    Held::hand_over_all(&mut held);
                 }
                 Out::Ask if prober.start() => round = Some(now + probe::WAIT),
                 Out::Ask => flows.asked(now, false),
@@ -311,7 +313,12 @@ fn drain(changes: Option<&OwnedFd>) {
 
 /// Puts the listener addresses on lo and steers new flows to us, with our place in the groups
 /// read afresh. Returns the addresses that were missing from lo.
-fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> Vec<IpAddr> {
+fn hold_flows(
+    held: &Mutex<Vec<Held>>,
+    diag: Option<&mut Diag>,
+    config: &Config,
+    addresses: bool,
+) -> Vec<IpAddr> {
     let mut added = Vec::new();
     if addresses {
         match netlink::claim_on_loopback(&lo_addresses(config)) {
@@ -319,7 +326,9 @@ fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> Vec<
             Err(e) => tracing::warn!("cannot put the listener addresses on lo: {e}"),
         }
     }
-    for h in held.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    Held::read_places(diag, &mut held);
+    for h in held.iter_mut() {
         h.steer_to_us();
     }
     added
@@ -327,8 +336,16 @@ fn hold_flows(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> Vec<
 
 /// New flows to LocalDNS and the addresses off lo; true if every group had a socket of its to
 /// take them (`flows` hands back only then; one that left since is found by the next look).
-fn give_back(held: &Mutex<Vec<Held>>, config: &Config, addresses: bool) -> bool {
-    let handed = Held::hand_over_all(&mut held.lock().unwrap_or_else(|p| p.into_inner()));
+fn give_back(
+    held: &Mutex<Vec<Held>>,
+    diag: Option<&mut Diag>,
+    config: &Config,
+    addresses: bool,
+) -> bool {
+    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    Held::read_places(diag, &mut held);
+    let handed = Held::hand_over_all(&mut held);
+    drop(held);
     if addresses {
         if let Err(e) = netlink::release_from_loopback(&lo_addresses(config)) {
             tracing::warn!("cannot take the listener addresses off lo: {e}");
