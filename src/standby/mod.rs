@@ -145,7 +145,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         .ok();
     let changes = netlink::address_changes()
         .inspect_err(
-            |e| tracing::debug!(error = %e, "no address announcements; looking every 20 ms"),
+            |e| tracing::debug!(error = %e, "no address announcements; looking at every look"),
         )
         .ok();
     // The listener addresses the standby put on lo (they are LocalDNS's only where they are
@@ -161,7 +161,6 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
     // LocalDNS's sockets at the last look, and the TCP listeners as last read (see `Out::Look`).
     let mut seen = Looked::new();
     let mut tcp_seen: std::io::Result<(Looked, bool)> = Ok((Looked::new(), false));
-    let mut next_address_check = Instant::now();
     // A pod's query reached us while we stood aside: the next look dumps (see `Flows::stray`).
     let mut strayed = false;
     loop {
@@ -207,6 +206,11 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                     flows.owners(now, owners);
                 }
                 Out::Look { tcp } => {
+                    if changes.is_none() {
+                        if let Some(found) = where_addresses(&config, &ours) {
+                            flows.addresses(now, found);
+                        }
+                    }
                     // Without the kernel's view nothing queues and the groups count as whole:
                     // the probe alone takes and gives back, and the flows are never stuck.
                     let Some(diag) = &mut diag else {
@@ -239,14 +243,11 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         // answer there until it is back: there is nothing to ask first; and the flows go back
         // only once its link carries them again. The kernel announces address changes on
         // `changes` (they queue between reads, so none is missed); without them the addresses
-        // are checked every `ADDRESS_CHECK`.
+        // are checked at every look.
         let aside = flows.holder() == Holder::LocalDns;
         let mut wake = flows.deadline();
         if let Some(end) = round {
             wake = wake.min(end);
-        }
-        if changes.is_none() {
-            wake = wake.min(next_address_check);
         }
         let mut fds = vec![
             PollFd::new(stop.fd(), PollFlags::POLLIN),
@@ -283,14 +284,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         if announced {
             drain(changes.as_ref());
         }
-        let checked = changes.is_none() && now >= next_address_check;
-        if checked {
-            next_address_check = now + ADDRESS_CHECK;
-        }
-        if let Some(found) = (announced || checked)
-            .then(|| where_addresses(&config, &ours))
-            .flatten()
-        {
+        if let Some(found) = announced.then(|| where_addresses(&config, &ours)).flatten() {
             flows.addresses(now, found);
         }
         if let Some(end) = round {
@@ -354,10 +348,6 @@ fn give_back(
     tracing::info!(handed, "LocalDNS answers again; new flows go to it");
     handed
 }
-
-/// How often the standby looks for LocalDNS's addresses, where the kernel's address
-/// announcements cannot be had.
-const ADDRESS_CHECK: Duration = Duration::from_millis(20);
 
 /// Where the listener addresses are: each on an interface, and on one that is not lo or not only
 /// on lo because the standby put it there (`ours`). Without rtnetlink, a bind to each tells
