@@ -20,7 +20,7 @@ use crate::flows::Cause;
 use crate::listen::Held;
 use crate::netlink::{self, Diag};
 use crate::roles::{ListenerRole, UpstreamGroup};
-use crate::standby::{self, OwnProbes, Strays};
+use crate::standby::{self, Strays};
 use crate::stats::Counters;
 use crate::stop::{Stop, until};
 use crate::systemd::{Heartbeats, Notifier};
@@ -40,30 +40,8 @@ pub async fn serve(
     taken: Option<Cause>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
-    let (prober, own_probes) = standby::prober(&config)?;
-    let on_lo = prepared.on_lo.clone();
-    let running = Running::start(config, prepared, own_probes).await?;
-    if taken.is_none() {
-        tracing::info!("LocalDNS answers on both listeners; standing by");
-    }
-    // A thread of its own (see `standby::run`), stopped before the rest: the stop's hand-over
-    // must not race its moves.
-    let stop = Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
-    let shell = standby::Shell {
-        held: running.held.clone(),
-        config: running.config.clone(),
-        counters: running.counters.clone(),
-        strays: running.strays.clone(),
-        stop: stop.clone(),
-        on_lo,
-    };
-    let standing = std::thread::Builder::new()
-        .name("standby".into())
-        .spawn(move || standby::run(prober, shell, taken))
-        .map_err(|e| format!("cannot start the standby's thread: {e}"))?;
+    let running = Running::start(config, prepared, taken).await?;
     shutdown.await;
-    stop.stop();
-    let _ = tokio::task::spawn_blocking(move || standing.join()).await;
     running.stop().await;
     Ok(())
 }
@@ -74,7 +52,6 @@ struct Running {
     notifier: Arc<Notifier>,
     /// Who holds the flows, for `/metrics`: the standby moves them, the stop hands them back.
     counters: Arc<Counters>,
-    strays: Arc<Strays>,
     /// The listeners' steering and sockets, for the hand-over to LocalDNS at the stop.
     held: Arc<Mutex<Vec<Held>>>,
     /// Discovery, the TCP listeners' tasks, the status line, metrics and watchdog, the relay
@@ -84,17 +61,21 @@ struct Running {
     relay_threads: Vec<std::thread::JoinHandle<()>>,
     /// Each listener's TCP clients, waited for at the stop.
     tcp_sides: Vec<Arc<ClientSide>>,
+    /// The thread that moves the flows (see `standby::run`) and its own stop: it ends before
+    /// the rest, so that the stop's hand-over does not race its moves.
+    standby: (Arc<Stop>, std::thread::JoinHandle<()>),
 }
 
 impl Running {
     /// Starts discovery (waiting up to `FIRST_LOOK` for its first look), both listeners' relay
-    /// threads and TCP tasks, then the status line, metrics, the watchdog and the steering's
-    /// follower, and tells systemd we are ready.
+    /// threads and TCP tasks, then the status line, metrics and the watchdog, tells systemd we
+    /// are ready, and starts the standby's loop.
     async fn start(
         config: Config,
         prepared: Prepared,
-        own_probes: Arc<OwnProbes>,
+        taken: Option<Cause>,
     ) -> Result<Running, String> {
+        let (prober, own_probes) = standby::prober(&config)?;
         let config = Arc::new(config);
         let counters = Counters::new(std::time::SystemTime::now());
         let strays =
@@ -104,7 +85,7 @@ impl Running {
             cluster,
             metrics: metrics_listener,
             owned,
-            on_lo: _,
+            on_lo,
         } = prepared;
         let metrics_listener = match metrics_listener.map(tokio::net::TcpListener::from_std) {
             Some(Ok(l)) => Some(l),
@@ -192,16 +173,33 @@ impl Running {
                 .into_iter()
                 .map(|t| tokio::spawn(until(stop.clone(), t))),
         );
+        if taken.is_none() {
+            tracing::info!("LocalDNS answers on both listeners; standing by");
+        }
+        let held = Arc::new(Mutex::new(held));
+        let standby_stop = Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
+        let shell = standby::Shell {
+            held: held.clone(),
+            config: config.clone(),
+            counters: counters.clone(),
+            strays,
+            stop: standby_stop.clone(),
+            on_lo,
+        };
+        let standing = std::thread::Builder::new()
+            .name("standby".into())
+            .spawn(move || standby::run(prober, shell, taken))
+            .map_err(|e| format!("cannot start the standby's thread: {e}"))?;
         Ok(Running {
             config,
             notifier,
             counters,
-            strays,
-            held: Arc::new(Mutex::new(held)),
+            held,
             stop,
             tasks,
             relay_threads,
             tcp_sides,
+            standby: (standby_stop, standing),
         })
     }
 
@@ -213,14 +211,16 @@ impl Running {
             config,
             notifier,
             counters,
-            strays: _,
             held,
             stop,
             tasks,
             relay_threads,
             tcp_sides,
+            standby: (standby_stop, standing),
         } = self;
         notifier.notify("STOPPING=1");
+        standby_stop.stop();
+        let _ = tokio::task::spawn_blocking(move || standing.join()).await;
         // New flows to LocalDNS first (when it has joined our ports): the relay threads then
         // answer what already reached us before they close.
         let mut held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
