@@ -11,7 +11,6 @@
 mod common;
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsFd;
 
 use std::time::{Duration, Instant};
 
@@ -21,9 +20,9 @@ use localdns_fallback::listen::{self, Bound};
 use localdns_fallback::netlink;
 
 /// Our places in the groups read afresh, as the daemon does before it moves the flows.
-fn read_places(steering: &mut listen::Steering) {
+fn read_places(held: &mut listen::Held) {
     let mut diag = netlink::Diag::open().unwrap();
-    listen::read_places(&mut diag, &mut [steering]).unwrap();
+    listen::Held::read_places(Some(&mut diag), std::slice::from_mut(held));
 }
 use nix::sys::signal::Signal;
 
@@ -106,7 +105,7 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
     ns.enter(|| {
         let mut ours = bind_ours();
         assert_eq!(
-            (ours.steering.udp.index(), ours.steering.tcp.index()),
+            (ours.held.udp.index(), ours.held.tcp.index()),
             (Some(0), Some(0))
         );
         let our_tcp = ours.tcp;
@@ -128,11 +127,8 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
 
         // LocalDNS is ready: hand over. Queued before, still ours to answer; new flows go to it.
         send_flows(50, 2);
-        read_places(&mut ours.steering);
-        let handed = ours
-            .steering
-            .stand_aside(ours.udp.as_fd(), our_tcp.as_fd())
-            .unwrap();
+        read_places(&mut ours.held);
+        let handed = ours.held.stand_aside();
         assert!(handed, "LocalDNS is in both groups");
         send_flows(200, 3);
         let _c2 = connect_flows(20);
@@ -150,9 +146,7 @@ fn steering_keeps_flows_on_the_fallback_until_it_hands_over_then_shares_again() 
         assert_eq!((accepted(&our_tcp), accepted(&ld_tcp)), (0, 20));
 
         // Released: plain SO_REUSEPORT sharing, both members get flows.
-        ours.steering
-            .release(ours.udp.as_fd(), our_tcp.as_fd())
-            .unwrap();
+        ours.held.release();
         send_flows(200, 4);
         let (a, b) = (drain_udp(&ours.udp).len(), drain_udp(&ld_udp).len());
         assert_eq!(a + b, 200);
@@ -167,7 +161,7 @@ fn an_orphan_bound_before_the_fallback_gets_no_flows_while_it_serves() {
         let (orphan_udp, orphan_tcp) = bind_coredns();
         let ours = bind_ours();
         assert_eq!(
-            (ours.steering.udp.index(), ours.steering.tcp.index()),
+            (ours.held.udp.index(), ours.held.tcp.index()),
             (Some(1), Some(1)),
             "joined after the orphan"
         );
@@ -191,12 +185,10 @@ fn when_the_orphan_exits_the_steering_follows_our_new_place() {
         let mut ours = bind_ours();
         let our_tcp = ours.tcp;
         drop((orphan_udp, orphan_tcp));
-        read_places(&mut ours.steering);
-        ours.steering
-            .steer_to_us(ours.udp.as_fd(), our_tcp.as_fd())
-            .unwrap();
+        read_places(&mut ours.held);
+        assert!(ours.held.steer_to_us());
         assert_eq!(
-            (ours.steering.udp.index(), ours.steering.tcp.index()),
+            (ours.held.udp.index(), ours.held.tcp.index()),
             (Some(0), Some(0))
         );
         let (ld_udp, ld_tcp) = bind_coredns();
@@ -221,18 +213,15 @@ fn a_localdns_restarted_since_our_last_look_gets_the_flows_at_the_hand_over() {
     ns.enter(|| {
         let (old_udp, old_tcp) = bind_coredns();
         let mut ours = bind_ours();
-        assert_eq!(ours.steering.udp.index(), Some(1));
+        assert_eq!(ours.held.udp.index(), Some(1));
         let our_tcp = ours.tcp;
         drop((old_udp, old_tcp));
         let (ld_udp, ld_tcp) = bind_coredns();
-        read_places(&mut ours.steering);
-        let handed = ours
-            .steering
-            .stand_aside(ours.udp.as_fd(), our_tcp.as_fd())
-            .unwrap();
+        read_places(&mut ours.held);
+        let handed = ours.held.stand_aside();
         assert!(handed, "the restarted LocalDNS is in both groups");
         assert_eq!(
-            (ours.steering.udp.index(), ours.steering.tcp.index()),
+            (ours.held.udp.index(), ours.held.tcp.index()),
             (Some(0), Some(0))
         );
         send_flows(200, 1);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::steer::{Held, Place, Steering, steer_at_join};
+use super::steer::{Held, Place, steer_at_join};
 use crate::netlink::{Proto, group_members};
 
 /// Socket buffers asked for on listener and upstream sockets: a burst of queries arriving while
@@ -33,14 +33,9 @@ pub struct Bound {
     /// Non-blocking; registered with the serving runtime by `serve` (it is bound before that
     /// runtime exists).
     pub tcp: std::net::TcpListener,
-    /// Where our sockets sit in their SO_REUSEPORT groups; flows are steered from bind on.
-    pub steering: Steering,
-}
-impl Bound {
-    /// The steering with descriptors of both sockets, kept past the serving loops' own.
-    pub fn held(&self) -> io::Result<Held> {
-        Held::new(&self.steering, self.udp.as_fd(), self.tcp.as_fd())
-    }
+    /// Where our sockets sit in their SO_REUSEPORT groups, with descriptors of both sockets of
+    /// its own; flows are steered from bind on.
+    pub held: Held,
 }
 
 /// Binds UDP and TCP on `addr`, retrying while the port is busy for at most `patience`: an
@@ -54,18 +49,20 @@ pub async fn bind_listener(
     let started = Instant::now();
     loop {
         match bind_pair(addr, to_us) {
-            Ok((udp, tcp, bound, steering)) => {
-                let udp = udp.into();
+            Ok((udp, tcp, bound, places)) => {
+                let udp: std::net::UdpSocket = udp.into();
                 let tcp: std::net::TcpListener = tcp.into();
                 tcp.set_nonblocking(true)
                     .map_err(|e| format!("cannot make TCP socket {addr} non-blocking: {e}"))?;
-                let first = steering.udp.index() == Some(0) && steering.tcp.index() == Some(0);
+                let held = Held::new(bound, places, udp.as_fd(), tcp.as_fd())
+                    .map_err(|e| format!("cannot keep the sockets of {addr}: {e}"))?;
+                let first = held.udp.index() == Some(0) && held.tcp.index() == Some(0);
                 if to_us && !first {
                     // A LocalDNS that is starting (or an orphaned CoreDNS).
                     tracing::info!(
                         %addr,
-                        udp_slot = ?steering.udp.index(),
-                        tcp_slot = ?steering.tcp.index(),
+                        udp_slot = ?held.udp.index(),
+                        tcp_slot = ?held.tcp.index(),
                         "sharing the port with sockets bound before ours; they get no flows while we serve"
                     );
                 }
@@ -73,7 +70,7 @@ pub async fn bind_listener(
                     addr: bound,
                     udp,
                     tcp,
-                    steering,
+                    held,
                 });
             }
             Err(e) if e.kind() == io::ErrorKind::AddrInUse && started.elapsed() < patience => {
@@ -92,7 +89,10 @@ pub async fn bind_listener(
 
 /// Binds UDP, then TCP on the same port. Port 0 (tests) means the port the kernel gives the UDP
 /// socket; should TCP find that port taken, another pair is tried.
-fn bind_pair(addr: SocketAddr, to_us: bool) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
+fn bind_pair(
+    addr: SocketAddr,
+    to_us: bool,
+) -> io::Result<(Socket, Socket, SocketAddr, (Place, Place))> {
     for _ in 0..16 {
         match bind_pair_once(addr, to_us) {
             Err(e) if addr.port() == 0 && e.kind() == io::ErrorKind::AddrInUse => continue,
@@ -105,7 +105,7 @@ fn bind_pair(addr: SocketAddr, to_us: bool) -> io::Result<(Socket, Socket, Socke
 fn bind_pair_once(
     addr: SocketAddr,
     to_us: bool,
-) -> io::Result<(Socket, Socket, SocketAddr, Steering)> {
+) -> io::Result<(Socket, Socket, SocketAddr, (Place, Place))> {
     // Members already in each group come first; we join at the end. (A process binding at the
     // same instant could take our index; LocalDNS does not start while we start.)
     // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
@@ -134,16 +134,7 @@ fn bind_pair_once(
         steer_at_join(tcp.as_fd(), before.len() as u32, to_us, addr);
     }
     let tcp_slot = place(inode(tcp.as_fd())?, tcp_before.as_deref());
-    Ok((
-        udp,
-        tcp,
-        addr,
-        Steering {
-            addr,
-            udp: udp_slot,
-            tcp: tcp_slot,
-        },
-    ))
+    Ok((udp, tcp, addr, (udp_slot, tcp_slot)))
 }
 
 /// The members already in `addr`'s group, or None where the kernel will not list them (sock_diag

@@ -11,11 +11,11 @@
 //! any other member's. A program that picks other members stays when we close (our closing
 //! sockets never get a flow); one that picks ours is detached first (SO_DETACH_REUSEPORT_BPF). The kernel numbers members in the order they joined and,
 //! when one leaves, moves the last member into its slot; our index is the number of members that
-//! were there before us (asked of sock_diag at bind time), and [`Place`] follows it as members
+//! were there before us (asked of sock_diag at bind time), and `Place` follows it as members
 //! come and go. Port 0 (tests) is never shared.
 
 mod bind;
 mod steer;
 
 pub use bind::{Bound, RECV_BUFFER, SEND_BUFFER, bind_listener, buffers};
-pub use steer::{Held, Steering, read_places};
+pub use steer::Held;

@@ -12,124 +12,69 @@ use nix::libc::{
 };
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-/// Our place in the SO_REUSEPORT groups of one listener address (UDP and TCP have a group each).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Steering {
+/// One listener's place in the SO_REUSEPORT groups of its address (UDP and TCP have a group
+/// each) and a descriptor of each of its sockets, kept past the serving loops' own for the
+/// hand-over (see `handoff`): the steering is re-pointed as members come and go and when the flows
+/// move, and, if we could not hand over, detached right before the sockets close, which is when
+/// this is dropped (the serving loops' own descriptors are closed by then). A port that is not
+/// shared (port 0, tests) has nothing to steer.
+pub struct Held {
     pub addr: SocketAddr,
     pub udp: Place,
     pub tcp: Place,
-}
-
-impl Steering {
-    /// Points each group's program at our socket, except LocalDNS's probe questions over UDP,
-    /// from our places as last read ([`read_places`]). A port that is not shared (port 0) has
-    /// nothing to steer.
-    pub fn steer_to_us(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
-        if self.addr.port() == 0 {
-            return Ok(());
-        }
-        match self.udp.index() {
-            Some(ours) => attach(udp, &program_to_except_probes(ours, self.udp.members()))?,
-            None => unsteer(udp)?,
-        }
-        match self.tcp.index() {
-            Some(ours) => steer_to(tcp, ours),
-            None => unsteer(tcp),
-        }
-    }
-
-    /// Sends new flows to the other members of each group (LocalDNS, once it is ready) and no
-    /// longer to us, so that what we still have can be answered before we close; true if both
-    /// groups have another member to take them. From our places as last read: read them right
-    /// before ([`read_places`]), since a LocalDNS restart (its socket closes, a new one joins)
-    /// moves us into the index its closed socket left. Alone in a group, the program points at
-    /// the next member to join (the kernel hashes to us until one does). Where our place is no
-    /// longer known the program is left as it is.
-    pub fn stand_aside(&mut self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<bool> {
-        if self.addr.port() == 0 {
-            return Ok(false);
-        }
-        let mut handed = true;
-        for (place, fd, proto) in [(&self.udp, udp, Proto::Udp), (&self.tcp, tcp, Proto::Tcp)] {
-            let members = place.members();
-            handed &= members > 1 && place.index().is_some();
-            match place.index() {
-                Some(ours) => steer_away(fd, ours, members.max(ours + 1).max(2))?,
-                None => {
-                    tracing::warn!(addr = %self.addr, ?proto, "our place in the port's group is no longer known; steering left as it is")
-                }
-            }
-        }
-        Ok(handed)
-    }
-
-    /// Detaches the steering program from both groups: plain SO_REUSEPORT sharing again. Call
-    /// it right before closing our sockets (the program belongs to the group and would outlive
-    /// us, picking whichever socket then holds our index).
-    pub fn release(&self, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<()> {
-        unsteer(udp)?;
-        unsteer(tcp)
-    }
-}
-
-/// Reads every group of `steerings` afresh (one sock_diag dump per port and protocol, however
-/// many listeners) and moves our places as members came and went.
-pub fn read_places(diag: &mut Diag, steerings: &mut [&mut Steering]) -> io::Result<()> {
-    let shared: Vec<&mut &mut Steering> = steerings
-        .iter_mut()
-        .filter(|s| s.addr.port() != 0)
-        .collect();
-    let groups: Vec<_> = shared
-        .iter()
-        .flat_map(|s| {
-            [
-                (s.addr, Proto::Udp, s.udp.ours),
-                (s.addr, Proto::Tcp, s.tcp.ours),
-            ]
-        })
-        .collect();
-    let read = diag.theirs(&groups, true)?;
-    for (s, pair) in shared.into_iter().zip(read.chunks(2)) {
-        for (place, theirs, proto) in [
-            (&mut s.udp, &pair[0], Proto::Udp),
-            (&mut s.tcp, &pair[1], Proto::Tcp),
-        ] {
-            let before = place.index();
-            place.update(&theirs.iter().map(|(m, _)| m.inode).collect::<Vec<_>>());
-            if place.index() != before {
-                tracing::info!(addr = %s.addr, ?proto, index = ?place.index(), "our place in the port's group moved");
-            }
-        }
-    }
-    Ok(())
-}
-
-/// One listener's steering and a descriptor of each of its sockets, kept by start-up for the
-/// hand-over (see `handoff`): the steering is followed while we serve, re-pointed when we hand
-/// over, and, if we could not, detached right before the sockets close, which is when this is
-/// dropped (the serving loops' own descriptors are closed by then).
-pub struct Held {
-    pub steering: Steering,
-    udp: OwnedFd,
-    tcp: OwnedFd,
+    udp_fd: OwnedFd,
+    tcp_fd: OwnedFd,
 }
 
 impl Held {
-    /// Keeps `steering` with descriptors of its two sockets of its own.
-    pub fn new(steering: &Steering, udp: BorrowedFd<'_>, tcp: BorrowedFd<'_>) -> io::Result<Held> {
+    /// Keeps our places with descriptors of the two sockets of their own.
+    pub fn new(
+        addr: SocketAddr,
+        (udp, tcp): (Place, Place),
+        udp_fd: BorrowedFd<'_>,
+        tcp_fd: BorrowedFd<'_>,
+    ) -> io::Result<Held> {
         Ok(Held {
-            steering: steering.clone(),
-            udp: udp.try_clone_to_owned()?,
-            tcp: tcp.try_clone_to_owned()?,
+            addr,
+            udp,
+            tcp,
+            udp_fd: udp_fd.try_clone_to_owned()?,
+            tcp_fd: tcp_fd.try_clone_to_owned()?,
         })
     }
 
-    /// Our places in every listener's groups, read afresh with `diag` (without sock_diag they
-    /// stay as they were at the bind).
+    /// Reads every group of `held` afresh (one sock_diag dump per port and protocol, however
+    /// many listeners) and moves our places as members came and went. Without sock_diag they stay
+    /// as they were at the bind.
     pub fn read_places(diag: Option<&mut Diag>, held: &mut [Held]) {
-        let mut steerings: Vec<&mut Steering> = held.iter_mut().map(|h| &mut h.steering).collect();
-        if let Some(Err(e)) = diag.map(|d| read_places(d, &mut steerings)) {
-            tracing::warn!(error = %e, "cannot read our places in the ports' groups");
+        let Some(diag) = diag else { return };
+        let mut shared: Vec<&mut Held> = held.iter_mut().filter(|h| h.addr.port() != 0).collect();
+        let groups: Vec<_> = shared
+            .iter()
+            .flat_map(|h| {
+                [
+                    (h.addr, Proto::Udp, h.udp.ours),
+                    (h.addr, Proto::Tcp, h.tcp.ours),
+                ]
+            })
+            .collect();
+        let read = match diag.theirs(&groups, true) {
+            Ok(read) => read,
+            Err(e) => {
+                return tracing::warn!(error = %e, "cannot read our places in the ports' groups");
+            }
+        };
+        for (h, pair) in shared.iter_mut().zip(read.chunks(2)) {
+            for (place, theirs, proto) in [
+                (&mut h.udp, &pair[0], Proto::Udp),
+                (&mut h.tcp, &pair[1], Proto::Tcp),
+            ] {
+                let before = place.index();
+                place.update(&theirs.iter().map(|(m, _)| m.inode).collect::<Vec<_>>());
+                if place.index() != before {
+                    tracing::info!(addr = %h.addr, ?proto, index = ?place.index(), "our place in the port's group moved");
+                }
+            }
         }
     }
 
@@ -142,35 +87,63 @@ impl Held {
     }
 
     /// New flows to us again, except LocalDNS's probe questions over UDP, which go on reaching
-    /// LocalDNS's own sockets (the standby mode asks them to learn when to hand back). Read the
+    /// LocalDNS's own sockets (the standby's loop asks them to learn when to hand back). Read the
     /// places first: members came and went while we stood by. False if the steering could not
     /// be set (we then share flows with the other members).
     pub fn steer_to_us(&mut self) -> bool {
-        match self
-            .steering
-            .steer_to_us(self.udp.as_fd(), self.tcp.as_fd())
-        {
+        if self.addr.port() == 0 {
+            return true;
+        }
+        let udp = match self.udp.index() {
+            Some(ours) => attach(
+                self.udp_fd.as_fd(),
+                &program_to_except_probes(ours, self.udp.members()),
+            ),
+            None => unsteer(self.udp_fd.as_fd()),
+        };
+        let tcp = match self.tcp.index() {
+            Some(ours) => steer_to(self.tcp_fd.as_fd(), ours),
+            None => unsteer(self.tcp_fd.as_fd()),
+        };
+        match udp.and(tcp) {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(addr = %self.steering.addr, error = %e, "cannot take the flows back");
+                tracing::warn!(addr = %self.addr, error = %e, "cannot take the flows back");
                 false
             }
         }
     }
 
-    /// New flows to the other members (LocalDNS), to hand over or to stand by; true if both
-    /// groups have one to take them (see [`Steering::stand_aside`]).
+    /// Sends new flows to the other members of each group (LocalDNS, once it is ready) and no
+    /// longer to us, to hand over or to stand by, so that what we still have can be answered
+    /// before we close; true if both groups have another member to take them. Read the places
+    /// right before: a LocalDNS restart (its socket closes, a new one joins) moves us into the
+    /// index its closed socket left. Alone in a group, the program points at the next member to
+    /// join (the kernel hashes to us until one does). Where our place is no longer known the
+    /// program is left as it is.
     pub fn stand_aside(&mut self) -> bool {
-        match self
-            .steering
-            .stand_aside(self.udp.as_fd(), self.tcp.as_fd())
-        {
-            Ok(handed) => handed,
-            Err(e) => {
-                tracing::warn!(addr = %self.steering.addr, error = %e, "cannot point the flows away from us");
-                false
+        if self.addr.port() == 0 {
+            return false;
+        }
+        let mut handed = true;
+        for (place, fd, proto) in [
+            (&self.udp, &self.udp_fd, Proto::Udp),
+            (&self.tcp, &self.tcp_fd, Proto::Tcp),
+        ] {
+            let members = place.members();
+            handed &= members > 1 && place.index().is_some();
+            let steered = match place.index() {
+                Some(ours) => steer_away(fd.as_fd(), ours, members.max(ours + 1).max(2)),
+                None => Err(io::Error::other(
+                    "our place in the port's group is no longer known; steering left as it is",
+                )),
+            };
+            if let Err(e) = steered {
+                tracing::warn!(addr = %self.addr, ?proto, error = %e, "cannot point the flows away from us");
+                handed = false;
             }
         }
+        handed
     }
 
     /// LocalDNS's sockets in the `proto` groups of every listener in `held` (each member but
@@ -185,11 +158,11 @@ impl Held {
         let groups: Vec<_> = held
             .iter()
             .map(|h| {
-                let slot = match proto {
-                    Proto::Udp => &h.steering.udp,
-                    Proto::Tcp => &h.steering.tcp,
+                let place = match proto {
+                    Proto::Udp => &h.udp,
+                    Proto::Tcp => &h.tcp,
                 };
-                (h.steering.addr, proto, slot.ours)
+                (h.addr, proto, place.ours)
             })
             .collect();
         let read = diag.theirs(&groups, dump)?;
@@ -197,13 +170,16 @@ impl Held {
         Ok((read.concat(), complete))
     }
 
-    /// Detaches the steering; the sockets close when this returns (if nothing else holds them).
+    /// Detaches the steering programs (plain SO_REUSEPORT sharing again) right before our
+    /// sockets close (the program belongs to the group and would outlive us, picking whichever
+    /// socket then holds our index); they close when this returns, if nothing else holds them.
     pub fn release(self) {
-        if let Err(e) = self.steering.release(self.udp.as_fd(), self.tcp.as_fd()) {
-            tracing::warn!(addr = %self.steering.addr, error = %e, "cannot detach the steering program");
+        if let Err(e) = unsteer(self.udp_fd.as_fd()).and(unsteer(self.tcp_fd.as_fd())) {
+            tracing::warn!(addr = %self.addr, error = %e, "cannot detach the steering program");
         }
     }
 }
+
 /// Where one of our sockets sits in its SO_REUSEPORT group. The kernel numbers members in the
 /// order they joined and, when one leaves, moves the last member into the freed index; following
 /// the members by inode tells where that puts us.

@@ -65,9 +65,7 @@ pub(super) fn start_listener(
     let threads = config.udp_threads;
     let sets = shared.sets;
     log_listener(role, bound.addr, sets, config, &bound.udp);
-    let held = bound
-        .held()
-        .map_err(|e| format!("cannot keep the sockets of {}: {e}", bound.addr))?;
+    let held = bound.held;
     // Each thread has its own engine, upstream sockets, pending queries and timers; they share
     // the listener socket itself, and epoll wakes one of them per datagram.
     let mut mailboxes = Vec::new();
