@@ -273,6 +273,47 @@ fn standby_serves_at_once_where_no_localdns_is_bound() {
     assert!(status.success(), "{status}:\n{}", f.logs());
 }
 
+/// A fallback started for a failed LocalDNS (here by hand) runs the standby's own loop, holding
+/// the flows from its start: a LocalDNS that comes back (bound, answering, its addresses on its
+/// link) gets them back, and pods' new flows all go to it.
+#[test]
+fn a_fallback_started_without_standby_holds_the_flows_and_hands_them_to_a_localdns_back() {
+    let (topo, up, _r) = node_and_upstream();
+    let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &[]));
+    f.wait_ready(&topo.node, NODE.parse().unwrap(), Duration::from_secs(10));
+    let r = dig(&topo.node, &["@169.254.10.11", "a.example.", "A"]);
+    assert_eq!(r.answers, ["10.0.0.1"], "{}\n{}", r.raw, f.logs());
+    assert!(
+        f.logs()
+            .contains("it was started by hand; serving its listeners"),
+        "{}",
+        f.logs()
+    );
+    let _localdns = LocalDnsStandIn::start(&topo.node);
+    assert!(
+        f.wait_for_log(
+            "LocalDNS answers again; new flows go to it",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        f.logs()
+    );
+    let samples = ask_for(&topo.node, Duration::from_millis(300))
+        .join()
+        .unwrap();
+    let not_localdns = samples.iter().filter(|s| s.1 != Who::LocalDns).count();
+    assert_eq!(
+        not_localdns,
+        0,
+        "of {} queries after the hand-back:\n{}",
+        samples.len(),
+        f.logs()
+    );
+    f.signal(Signal::SIGTERM);
+    let status = f.wait_exit(Duration::from_secs(5)).expect("exits");
+    assert!(status.success(), "{status}:\n{}", f.logs());
+}
+
 /// LocalDNS restarting quickly beside the standby (its sockets close, new ones join at once)
 /// makes the kernel move the standby's sockets into the indices LocalDNS's left, where the
 /// steering points: pods' queries must still go to LocalDNS. Queries sent while a restart is under
