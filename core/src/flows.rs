@@ -92,7 +92,7 @@ pub const MAX_PROOF: Duration = Duration::from_secs(30);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Holder {
     LocalDns,
-    Standby,
+    Fallback,
 }
 
 /// Cause the flows are ours: the one list that the log, `/metrics` (its `cause` label) and
@@ -338,7 +338,7 @@ impl Flows {
             // Asked again at once: a round refused (nothing bound: ICMP port unreachable) ends
             // in well under a millisecond, and the take is then due as soon.
             Holder::LocalDns => self.next_ask = now,
-            Holder::Standby => {}
+            Holder::Fallback => {}
         }
     }
 
@@ -361,7 +361,7 @@ impl Flows {
     }
 
     fn hand_back_if_proven(&mut self, now: Instant) {
-        if self.holder != Holder::Standby
+        if self.holder != Holder::Fallback
             || self.answered < self.proof()
             || !self.complete
             || self.addresses != Addresses::Theirs
@@ -389,7 +389,7 @@ impl Flows {
         self.addresses = addresses;
         match (self.holder, addresses) {
             (Holder::LocalDns, Addresses::Gone) => self.take(now, Cause::AddressesGone),
-            (Holder::Standby, Addresses::Gone) => self.out.push_back(Out::Repoint),
+            (Holder::Fallback, Addresses::Gone) => self.out.push_back(Out::Repoint),
             _ => {}
         }
     }
@@ -524,7 +524,7 @@ impl Flows {
                 .iter()
                 .any(|w| self.handed_to.contains(&w.inode));
         self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
-        self.holder = Holder::Standby;
+        self.holder = Holder::Fallback;
         self.last_cause = Some(cause);
         self.taken_from = (self.watched.iter().map(|w| w.inode))
             .filter(|i| self.served_from.contains(i))

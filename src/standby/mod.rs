@@ -180,7 +180,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                         counters.takeovers.handed_back(SystemTime::now());
                     }
                 }
-                Out::Repoint if flows.holder() == Holder::Standby => {
+                Out::Repoint if flows.holder() == Holder::Fallback => {
                     let added = hold_flows(&held, diag.as_mut(), &config, moves_addresses);
                     if !added.is_empty() {
                         tracing::info!("listener addresses were gone from lo; put back");
@@ -219,7 +219,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                     };
                     // While we hold the flows, every look dumps: it follows the members to keep
                     // our index right (see `flows::LOOK_EVERY`).
-                    let dump = flows.holder() == Holder::Standby || std::mem::take(&mut strayed);
+                    let dump = flows.holder() == Holder::Fallback || std::mem::take(&mut strayed);
                     let lock = held.lock().unwrap_or_else(|p| p.into_inner());
                     if tcp {
                         tcp_seen = Held::look(diag, &lock, Proto::Tcp, dump);

@@ -188,7 +188,7 @@ impl World {
             Phase::Starting { reads_at } => self.now >= reads_at,
             Phase::Throttled { frozen } => self.in_period() >= frozen,
             Phase::Starved => {
-                self.target == Holder::Standby || self.in_period() < Duration::from_millis(2)
+                self.target == Holder::Fallback || self.in_period() < Duration::from_millis(2)
             }
         }
     }
@@ -430,7 +430,7 @@ impl World {
             && self.last_take == Some(why)
             && self.view.iter().any(|i| self.view_at_hand_back.contains(i));
         self.recurrences = if recurs { self.recurrences + 1 } else { 0 };
-        self.target = Holder::Standby;
+        self.target = Holder::Fallback;
         self.stale = None;
         self.strayed = None;
         self.last_take = Some(why);
@@ -448,7 +448,7 @@ impl World {
     }
 
     fn handed_back(&mut self) -> Result<(), String> {
-        if self.target != Holder::Standby {
+        if self.target != Holder::Fallback {
             return Err("handed back flows it did not hold".into());
         }
         if !self.addresses {
@@ -505,7 +505,7 @@ impl World {
                 Out::Repoint => {
                     self.stale = None;
                     self.strayed = None;
-                    if self.target == Holder::Standby && !self.on_lo {
+                    if self.target == Holder::Fallback && !self.on_lo {
                         self.on_lo = true;
                         self.report_addresses();
                     }
@@ -596,7 +596,7 @@ impl World {
                 self.silent_in_row
             ));
         }
-        if std::mem::take(&mut self.hand_back_due) && self.target == Holder::Standby {
+        if std::mem::take(&mut self.hand_back_due) && self.target == Holder::Fallback {
             return Err(format!(
                 "LocalDNS answered {} rounds ({:?}, proof {}) and the flows not handed back",
                 self.answered_since_take,
@@ -641,8 +641,8 @@ impl World {
     /// A new flow: which socket it reaches, and whether that one serves it in time.
     fn query(&mut self) -> Result<(), String> {
         let to_localdns = match (self.target, self.stale.is_some()) {
-            (Holder::Standby, false) | (Holder::LocalDns, true) => false,
-            (Holder::Standby, true) | (Holder::LocalDns, false) => !self.sockets.is_empty(),
+            (Holder::Fallback, false) | (Holder::LocalDns, true) => false,
+            (Holder::Fallback, true) | (Holder::LocalDns, false) => !self.sockets.is_empty(),
         };
         if !to_localdns {
             // It reached one of our relays while we stand aside: the relay tells the standby.
@@ -661,7 +661,7 @@ impl World {
         }
         // A steering stale while we hold the flows is bounded by `check`.
         if self.answers_now()
-            || self.target == Holder::Standby
+            || self.target == Holder::Fallback
             || matches!(self.phase, Phase::Throttled { .. } | Phase::Starved)
         {
             return Ok(());
@@ -718,7 +718,7 @@ impl World {
                 }
             }
             self.take_due = self.target == Holder::LocalDns && self.silent_in_row >= ROUNDS_TO_ACT;
-            self.hand_back_due = self.target == Holder::Standby
+            self.hand_back_due = self.target == Holder::Fallback
                 && answered
                 && self.addresses
                 && self.view_complete
@@ -823,7 +823,7 @@ impl World {
                 self.next_change = back;
                 return;
             }
-            Phase::Serving if r < 0.61 && self.target == Holder::Standby && self.on_lo => {
+            Phase::Serving if r < 0.61 && self.target == Holder::Fallback && self.on_lo => {
                 // Someone takes the standby's addresses off lo while it holds the flows.
                 self.on_lo = false;
                 self.report_addresses();
