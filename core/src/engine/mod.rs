@@ -132,6 +132,19 @@ pub struct Engine {
     scratch: Vec<u8>,
 }
 
+/// A query about to go in flight ([`Engine::start`]): the client's query as routed.
+struct Start<'a> {
+    /// `None` for a query only to refresh the cache.
+    client: Option<Client>,
+    packet: &'a [u8],
+    q: wire::Query,
+    key: Option<Key>,
+    group: UpstreamGroup,
+    transport: Transport,
+    /// An expired answer is cached: the client may get it if the upstreams are slow.
+    stale_known: bool,
+}
+
 impl Engine {
     pub fn new(
         role: ListenerRole,
@@ -321,16 +334,16 @@ impl Engine {
             self.outbox.push(Dest::Client(client), &self.scratch);
             return Outcome::Answered;
         }
-        self.start(
-            now,
-            Some(client),
+        let start = Start {
+            client: Some(client),
             packet,
             q,
             key,
             group,
             transport,
             stale_known,
-        );
+        };
+        self.start(now, start);
         Outcome::Waiting
     }
 
@@ -374,23 +387,30 @@ impl Engine {
         transport: Transport,
     ) {
         if self.room_for(group) {
-            self.start(now, None, packet, q, key, group, transport, false);
+            let start = Start {
+                client: None,
+                packet,
+                q,
+                key,
+                group,
+                transport,
+                stale_known: false,
+            };
+            self.start(now, start);
         }
     }
 
-    /// A new query in flight, for `client` or (with `None`) only to refresh the cache.
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        &mut self,
-        now: Instant,
-        client: Option<Client>,
-        packet: &[u8],
-        q: wire::Query,
-        key: Option<Key>,
-        group: UpstreamGroup,
-        transport: Transport,
-        stale_known: bool,
-    ) {
+    /// A new query in flight.
+    fn start(&mut self, now: Instant, start: Start) {
+        let Start {
+            client,
+            packet,
+            q,
+            key,
+            group,
+            transport,
+            stale_known,
+        } = start;
         self.hedge_tokens = (self.hedge_tokens + 1).min(HEDGE_BURST);
         let mut query = self.spare_queries.pop().unwrap_or_default();
         query.extend_from_slice(packet);
