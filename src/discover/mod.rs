@@ -153,13 +153,7 @@ pub fn find_kube_dns(settings: &Settings) -> KubeDnsFinding {
     let service = &settings.service;
     for &source in &settings.sources {
         let result = match source {
-            Source::Iptables => {
-                let (v4, v6) = tool::side_by_side(
-                    || iptables::discover(service, false),
-                    || iptables::discover(service, true),
-                );
-                either(v4, v6)
-            }
+            Source::Iptables => both_families(|ipv6| iptables::discover(service, ipv6)),
             Source::Nftables => nftables::discover(service),
             Source::Ipvs => ipvs::discover(finding.cluster_ip),
             Source::Cilium => cilium::discover(&settings.cilium_socket, service),
@@ -198,7 +192,14 @@ pub fn find_kube_dns(settings: &Settings) -> KubeDnsFinding {
     finding
 }
 
-/// Both address families of one source: either may be absent on a single-stack node.
+/// One source's look in both address families, side by side: either may be absent on a
+/// single-stack node. The backends come IPv4 first.
+fn both_families(look: impl Fn(bool) -> Result<KubeDns, String> + Sync) -> Result<KubeDns, String> {
+    let (v4, v6) = tool::side_by_side(|| look(false), || look(true));
+    either(v4, v6)
+}
+
+/// The two families' results, one merged.
 fn either(v4: Result<KubeDns, String>, v6: Result<KubeDns, String>) -> Result<KubeDns, String> {
     match (v4, v6) {
         (Err(a), Err(b)) if a == b => Err(a),
