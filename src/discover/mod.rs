@@ -88,17 +88,25 @@ impl Source {
         if s == "none" {
             return Ok(Vec::new());
         }
-        let mut out = Vec::new();
-        for word in s.split(',') {
-            let source = Source::ALL.into_iter().find(|src| src.name() == word).ok_or_else(|| {
+        let sources = s.split(',').map(|word| {
+            Source::ALL.into_iter().find(|src| src.name() == word).ok_or_else(|| {
                 format!("unknown discovery source {word:?}: expected iptables, nftables, ipvs, cilium, cluster-ip or none")
-            })?;
-            if !out.contains(&source) {
-                out.push(source);
-            }
-        }
-        Ok(out)
+            })
+        });
+        Ok(unique(sources.collect::<Result<Vec<_>, _>>()?))
     }
+}
+
+/// `items` in order, each once: sources list one backend several times (two rules, two
+/// entries, two families' views of one pod), and an upstream is listed once.
+pub fn unique<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut out = Vec::new();
+    for item in items {
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    out
 }
 
 /// How to look for upstreams (the discovery flags).

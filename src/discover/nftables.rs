@@ -173,16 +173,12 @@ impl<'a> Table<'a> {
             let expr = value(expr);
             let mut targets = Vec::new();
             verdict_targets(&expr, &mut targets);
-            for target in targets.into_iter().filter(|t| t.starts_with("endpoint-")) {
-                // A chain named twice (affinity rule and vmap), or two endpoint chains naming
-                // the same pod: an upstream is listed once.
-                match self.endpoint(target) {
-                    Some(addr) if !backends.contains(&addr) => backends.push(addr),
-                    _ => {}
-                }
-            }
+            let endpoints = targets.into_iter().filter(|t| t.starts_with("endpoint-"));
+            backends.extend(endpoints.filter_map(|t| self.endpoint(t)));
         }
-        backends
+        // A chain named twice (affinity rule and vmap), or two endpoint chains naming the same
+        // pod: an upstream is listed once.
+        super::unique(backends)
     }
 
     /// An endpoint chain's address: its `dnat` rule, or failing that its name.
