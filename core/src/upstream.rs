@@ -487,6 +487,7 @@ impl UpstreamSet {
         })
     }
 
+    #[cfg(test)]
     pub fn is_suspect(&self, addr: SocketAddr) -> bool {
         self.index(addr).is_some_and(|i| self.suspect(i))
     }
