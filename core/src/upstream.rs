@@ -114,8 +114,9 @@ pub struct UpstreamSet {
 }
 
 impl UpstreamSet {
-    /// A set whose counters are its own (tests, and sets never exported). `epoch` is any
-    /// instant no later than the first `now` the set will be given.
+    /// A set whose counters are its own (tests). `epoch` is any instant no later than the first
+    /// `now` the set will be given.
+    #[cfg(any(test, feature = "rig"))]
     pub fn new(addrs: Vec<SocketAddr>, epoch: Instant) -> UpstreamSet {
         let stats = addrs.iter().map(|_| Arc::default()).collect();
         UpstreamSet::with_stats(addrs, stats, epoch)
@@ -512,6 +513,7 @@ impl UpstreamSets {
     }
 
     /// Sets with no counters behind them (tests).
+    #[cfg(any(test, feature = "rig"))]
     pub fn uncounted(
         vnet_dns: Vec<SocketAddr>,
         kube_dns: Vec<SocketAddr>,
