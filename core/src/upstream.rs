@@ -494,8 +494,9 @@ impl UpstreamSet {
     }
 }
 
-/// The sets in force for both groups; replaced whole when discovery finds a new set.
-#[derive(Debug)]
+/// The sets in force for both groups; replaced whole when discovery finds a new set (a clone
+/// shares every part).
+#[derive(Clone, Debug)]
 pub struct UpstreamSets {
     pub vnet_dns: Arc<UpstreamSet>,
     pub kube_dns: Arc<UpstreamSet>,
