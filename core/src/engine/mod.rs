@@ -401,28 +401,19 @@ impl Engine {
     }
 
     /// A new query in flight.
-    fn start(&mut self, now: Instant, start: Start) {
-        let Start {
-            client,
-            packet,
-            q,
-            key,
-            group,
-            transport,
-            stale_known,
-        } = start;
+    fn start(&mut self, now: Instant, s: Start) {
         self.hedge_tokens = (self.hedge_tokens + 1).min(HEDGE_BURST);
         let mut query = self.spare_queries.pop().unwrap_or_default();
-        query.extend_from_slice(packet);
+        query.extend_from_slice(s.packet);
         let pending = Pending {
             query,
-            q,
-            client,
+            q: s.q,
+            client: s.client,
             followers: Vec::new(),
-            key: key.clone(),
-            group,
-            transport,
-            start: self.upstreams.get(group).next_start(),
+            key: s.key.clone(),
+            group: s.group,
+            transport: s.transport,
+            start: self.upstreams.get(s.group).next_start(),
             deadline: now + self.settings.query_timeout,
             tries: [None; MAX_TRIES],
             ntries: 0,
@@ -432,13 +423,13 @@ impl Engine {
             refetch: None,
         };
         let slot = self.allocate(pending);
-        if let Some(key) = key {
-            self.waiting[transport as usize].insert(key, slot);
+        if let Some(key) = s.key {
+            self.waiting[s.transport as usize].insert(key, slot);
         }
         // The client-response timer: an expired answer beats making the client wait out a
         // failing upstream.
-        if stale_known
-            && client.is_some()
+        if s.stale_known
+            && s.client.is_some()
             && self.settings.stale_after < self.settings.query_timeout
         {
             self.arm(slot, 0, now + self.settings.stale_after, TimerKind::Stale);
