@@ -125,6 +125,7 @@ fn value(raw: &RawValue) -> Value {
 }
 
 /// The parts of one table that lead from the service to its backends.
+#[derive(Default)]
 struct Table<'a> {
     /// Chain names in the order nft lists them.
     chains: Vec<&'a str>,
@@ -136,11 +137,7 @@ struct Table<'a> {
 
 impl<'a> Table<'a> {
     fn new(items: &'a [Item<'a>]) -> Table<'a> {
-        let mut table = Table {
-            chains: Vec::new(),
-            rules: HashMap::new(),
-            service_ips: None,
-        };
+        let mut table = Table::default();
         for item in items {
             if let Some(chain) = &item.chain {
                 table.chains.push(&chain.name);
