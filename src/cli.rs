@@ -63,27 +63,18 @@ pub struct Config {
 }
 
 impl Config {
-    /// The routes of `listener` in force, longest domain first, as the flags take them:
-    /// `cluster.local=ClusterCoreDNS`, `.=VnetDNS`.
+    /// The routes of `listener` in force, longest domain first, each domain named as the flags
+    /// gave it: `cluster.local=ClusterCoreDNS`, `.=VnetDNS`.
     pub fn routes_shown(&self, listener: ListenerRole) -> Vec<String> {
+        let given =
+            std::iter::once(&self.cluster_domain).chain(self.overrides.iter().map(|o| &o.1));
         self.engine
             .routes
             .of(listener)
             .iter()
             .map(|(domain, group)| {
-                // Our own encoding of a flag's domain: length-prefixed labels up to the root's 0.
-                let (mut labels, mut rest) = (Vec::new(), domain.as_slice());
-                while let Some((&len, tail)) = rest.split_first().filter(|(l, _)| **l != 0) {
-                    let (label, after) = tail.split_at(usize::from(len).min(tail.len()));
-                    labels.push(String::from_utf8_lossy(label));
-                    rest = after;
-                }
-                let name = if labels.is_empty() {
-                    ".".into()
-                } else {
-                    labels.join(".")
-                };
-                format!("{name}={}", dest_name(*group))
+                let name = given.clone().find(|d| wire_of(d) == *domain);
+                format!("{}={}", name.map_or(".", String::as_str), dest_name(*group))
             })
             .collect()
     }
@@ -300,10 +291,13 @@ fn dest_name(group: UpstreamGroup) -> &'static str {
     }
 }
 
+/// A flag's domain in wire form (both were checked when given); `.` is the root's lone 0.
+fn wire_of(domain: &str) -> Vec<u8> {
+    wire::encode_name(domain).unwrap_or_else(|_| vec![0])
+}
+
 /// `--cluster-domain`'s defaults with the overrides laid over them, in order.
 fn routes(c: &Config) -> Routes {
-    // `.` encodes as the root's lone 0.
-    let wire_of = |d: &str| wire::encode_name(d).unwrap_or_else(|_| vec![0]);
     let mut routes = Routes::defaults(&wire_of(&c.cluster_domain));
     for (listener, domain, group) in &c.overrides {
         routes.set(*listener, &wire_of(domain), *group);

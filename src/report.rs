@@ -8,8 +8,9 @@ use crate::discover::{explain, find_kube_dns, hosts, leases, resolv_conf};
 use crate::hosts::Hosts;
 use crate::roles::ListenerRole;
 
-/// One group's upstreams, where they came from, and why there are none if so.
-#[derive(Debug)]
+/// One group's upstreams, where they came from, and why there are none if so (in `--json` as
+/// it is: the addresses as text, the problem null when there is none).
+#[derive(Debug, serde::Serialize)]
 pub struct Found {
     pub upstreams: Vec<SocketAddr>,
     pub source: String,
@@ -162,24 +163,17 @@ fn unix(h: &Hosts) -> u64 {
 }
 
 pub fn json(config: &Config, r: &Report) -> String {
-    let group = |f: &Found| {
-        serde_json::json!({
-            "upstreams": f.upstreams.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "source": f.source,
-            "problem": f.problem,
-        })
-    };
     let doc = serde_json::json!({
         "node_listener": {
             "address": config.node_listen.to_string(),
             "routes": config.routes_shown(ListenerRole::Node),
-            "vnet_dns": group(&r.vnet_dns),
-            "kube_dns": group(&r.kube_dns),
+            "vnet_dns": &r.vnet_dns,
+            "kube_dns": &r.kube_dns,
         },
         "cluster_listener": {
             "address": config.cluster_listen.to_string(),
             "routes": config.routes_shown(ListenerRole::Cluster),
-            "kube_dns": group(&r.kube_dns),
+            "kube_dns": &r.kube_dns,
         },
         "cluster_ip": r.cluster_ip.map(|ip| ip.to_string()),
         "hosts_file": match &r.hosts {

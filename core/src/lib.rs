@@ -21,7 +21,8 @@
 //! - [`handoff`]: leaving without a gap when LocalDNS is back: the sequence, and when the drain
 //!   after the hand-over is done.
 //! - `rig` (tests, and feature `rig`): an engine on a fake clock with everything it sends kept,
-//!   for the unit tests and the fuzz targets alike.
+//!   for the unit tests and the fuzz targets alike. The feature also brings the constructors
+//!   only tests use (upstream sets without counters) to the shell crate's tests.
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod answer;

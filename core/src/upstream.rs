@@ -114,8 +114,9 @@ pub struct UpstreamSet {
 }
 
 impl UpstreamSet {
-    /// A set whose counters are its own (tests, and sets never exported). `epoch` is any
-    /// instant no later than the first `now` the set will be given.
+    /// A set whose counters are its own (tests). `epoch` is any instant no later than the first
+    /// `now` the set will be given.
+    #[cfg(any(test, feature = "rig"))]
     pub fn new(addrs: Vec<SocketAddr>, epoch: Instant) -> UpstreamSet {
         let stats = addrs.iter().map(|_| Arc::default()).collect();
         UpstreamSet::with_stats(addrs, stats, epoch)
@@ -487,13 +488,15 @@ impl UpstreamSet {
         })
     }
 
+    #[cfg(test)]
     pub fn is_suspect(&self, addr: SocketAddr) -> bool {
         self.index(addr).is_some_and(|i| self.suspect(i))
     }
 }
 
-/// The sets in force for both groups; replaced whole when discovery finds a new set.
-#[derive(Debug)]
+/// The sets in force for both groups; replaced whole when discovery finds a new set (a clone
+/// shares every part).
+#[derive(Clone, Debug)]
 pub struct UpstreamSets {
     pub vnet_dns: Arc<UpstreamSet>,
     pub kube_dns: Arc<UpstreamSet>,
@@ -511,6 +514,7 @@ impl UpstreamSets {
     }
 
     /// Sets with no counters behind them (tests).
+    #[cfg(any(test, feature = "rig"))]
     pub fn uncounted(
         vnet_dns: Vec<SocketAddr>,
         kube_dns: Vec<SocketAddr>,

@@ -98,7 +98,7 @@ pub fn counts(p: &[u8]) -> [u16; 4] {
 }
 
 /// What the forwarder needs to know about a client's query. Offsets index the query bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Query {
     pub id: u16,
     /// End of the question name (after its root label); the name is `12..name_end`.
@@ -169,22 +169,15 @@ pub fn parse_query(p: &[u8]) -> Result<Query, Reject> {
     let qtype = u16_at(p, name_end).ok_or(formerr)?;
     let qclass = u16_at(p, name_end + 2).ok_or(formerr)?;
     let question_end = name_end + 4;
+    // Without an OPT record: no EDNS, no options, the classic size.
     let mut query = Query {
         id: id(p),
         name_end,
         question_end,
         qtype,
         qclass,
-        edns: false,
         udp_size: CLASSIC_UDP_SIZE,
-        dnssec_ok: false,
-        opt_start: 0,
-        opt_end: 0,
-        edns_version: 0,
-        cookie: false,
-        ecs: false,
-        nsid: false,
-        answer_options: false,
+        ..Query::default()
     };
     // Queries rarely carry answer or authority records, but they may (e.g. known-answer hints);
     // walk them so the OPT record in the additional section is found where it really is.

@@ -58,12 +58,12 @@ pub async fn follow(
     let mut failures_at_look = 0;
     loop {
         if let Some(table) = hosts_file.check() {
-            let current = publish.borrow().clone();
-            publish.send_replace(Arc::new(UpstreamSets {
-                vnet_dns: current.vnet_dns.clone(),
-                kube_dns: current.kube_dns.clone(),
-                hosts: Arc::new(table),
-            }));
+            let hosts = Arc::new(table);
+            let sets = UpstreamSets {
+                hosts,
+                ..UpstreamSets::clone(&publish.borrow())
+            };
+            publish.send_replace(Arc::new(sets));
         }
         if owned.node {
             node.check(&publish, &metrics);
@@ -290,14 +290,10 @@ fn swap(
         metrics,
         Instant::now(),
     ));
-    let (vnet_dns, kube_dns) = match group {
-        UpstreamGroup::VnetDns => (fresh, current.kube_dns.clone()),
-        UpstreamGroup::KubeDns => (current.vnet_dns.clone(), fresh),
-    };
-    let hosts = current.hosts.clone();
-    publish.send_replace(Arc::new(UpstreamSets {
-        vnet_dns,
-        kube_dns,
-        hosts,
-    }));
+    let mut sets = UpstreamSets::clone(&current);
+    match group {
+        UpstreamGroup::VnetDns => sets.vnet_dns = fresh,
+        UpstreamGroup::KubeDns => sets.kube_dns = fresh,
+    }
+    publish.send_replace(Arc::new(sets));
 }

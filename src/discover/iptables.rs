@@ -131,15 +131,11 @@ pub fn discover(service: &ServiceName, ipv6: bool) -> Result<KubeDns, String> {
     // Both ports' chains, then every endpoint chain, read side by side.
     let endpoints = |rule: &ServiceRule| -> Result<Vec<SocketAddr>, String> {
         let chains = parse_service_chain(&list(&rule.chain)?);
-        let mut out = Vec::new();
-        for text in tool::each_at_once(&chains, |chain| list(chain)) {
-            if let Some(addr) = parse_endpoint_chain(&text?) {
-                if !out.contains(&addr) {
-                    out.push(addr);
-                }
-            }
-        }
-        Ok(out)
+        let texts = tool::each_at_once(&chains, |chain| list(chain));
+        let texts = texts.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(super::unique(
+            texts.iter().filter_map(|t| parse_endpoint_chain(t)),
+        ))
     };
     let ports = tool::each_at_once(&rules, endpoints);
     for (rule, addrs) in rules.iter().zip(ports) {

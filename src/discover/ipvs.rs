@@ -114,15 +114,7 @@ fn choose(services: &[VirtualService], cluster_ip: Option<IpAddr>) -> KubeDns {
             .filter(move |s| s.udp == udp && s.addr == SocketAddr::new(ip, 53))
     };
     // The same virtual service may appear twice in the text; each real server is listed once.
-    let real = |udp: bool| {
-        let mut out: Vec<SocketAddr> = Vec::new();
-        for addr in at(udp).flat_map(|s| s.real.iter().copied()) {
-            if !out.contains(&addr) {
-                out.push(addr);
-            }
-        }
-        out
-    };
+    let real = |udp: bool| super::unique(at(udp).flat_map(|s| s.real.iter().copied()));
     KubeDns {
         udp: real(true),
         tcp: real(false),

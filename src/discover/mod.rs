@@ -88,17 +88,25 @@ impl Source {
         if s == "none" {
             return Ok(Vec::new());
         }
-        let mut out = Vec::new();
-        for word in s.split(',') {
-            let source = Source::ALL.into_iter().find(|src| src.name() == word).ok_or_else(|| {
+        let sources = s.split(',').map(|word| {
+            Source::ALL.into_iter().find(|src| src.name() == word).ok_or_else(|| {
                 format!("unknown discovery source {word:?}: expected iptables, nftables, ipvs, cilium, cluster-ip or none")
-            })?;
-            if !out.contains(&source) {
-                out.push(source);
-            }
-        }
-        Ok(out)
+            })
+        });
+        Ok(unique(sources.collect::<Result<Vec<_>, _>>()?))
     }
+}
+
+/// `items` in order, each once: sources list one backend several times (two rules, two
+/// entries, two families' views of one pod), and an upstream is listed once.
+pub fn unique<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut out = Vec::new();
+    for item in items {
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    out
 }
 
 /// How to look for upstreams (the discovery flags).
@@ -153,13 +161,7 @@ pub fn find_kube_dns(settings: &Settings) -> KubeDnsFinding {
     let service = &settings.service;
     for &source in &settings.sources {
         let result = match source {
-            Source::Iptables => {
-                let (v4, v6) = tool::side_by_side(
-                    || iptables::discover(service, false),
-                    || iptables::discover(service, true),
-                );
-                either(v4, v6)
-            }
+            Source::Iptables => both_families(|ipv6| iptables::discover(service, ipv6)),
             Source::Nftables => nftables::discover(service),
             Source::Ipvs => ipvs::discover(finding.cluster_ip),
             Source::Cilium => cilium::discover(&settings.cilium_socket, service),
@@ -198,7 +200,14 @@ pub fn find_kube_dns(settings: &Settings) -> KubeDnsFinding {
     finding
 }
 
-/// Both address families of one source: either may be absent on a single-stack node.
+/// One source's look in both address families, side by side: either may be absent on a
+/// single-stack node. The backends come IPv4 first.
+fn both_families(look: impl Fn(bool) -> Result<KubeDns, String> + Sync) -> Result<KubeDns, String> {
+    let (v4, v6) = tool::side_by_side(|| look(false), || look(true));
+    either(v4, v6)
+}
+
+/// The two families' results, one merged.
 fn either(v4: Result<KubeDns, String>, v6: Result<KubeDns, String>) -> Result<KubeDns, String> {
     match (v4, v6) {
         (Err(a), Err(b)) if a == b => Err(a),

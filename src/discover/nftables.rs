@@ -29,49 +29,25 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-/// Reads both kube-proxy tables and returns their kube-dns backends, IPv4 first. A table that
-/// does not exist is fine as long as the other one can be read; `Err` says why for each family
-/// when neither can.
+/// Reads both kube-proxy tables and returns their kube-dns backends, IPv4 first (see
+/// [`super::both_families`]).
 pub fn discover(service: &ServiceName) -> Result<KubeDns, String> {
-    let (v4, v6) = tool::side_by_side(|| read_table("ip", service), || read_table("ip6", service));
-    match (v4, v6) {
-        (Ok(Some(v4)), Ok(Some(v6))) => Ok(KubeDns {
-            udp: [v4.udp, v6.udp].concat(),
-            tcp: [v4.tcp, v6.tcp].concat(),
-            cluster_ip: v4.cluster_ip.or(v6.cluster_ip),
-        }),
-        (Ok(Some(found)), other) | (other, Ok(Some(found))) => {
-            if let Err(e) = other {
-                tracing::debug!("nftables: using one family only; the other failed: {e}");
-            }
-            Ok(found)
-        }
-        (Ok(None), Ok(None)) => {
-            Err("no nftables table ip or ip6 kube-proxy: kube-proxy is not in nftables mode".into())
-        }
-        (v4, v6) => {
-            let why =
-                |r: Result<Option<KubeDns>, String>| r.err().unwrap_or("no such table".into());
-            let (v4, v6) = (why(v4), why(v6));
-            if v4 == v6 {
-                Err(v4)
-            } else {
-                Err(format!("ip kube-proxy: {v4}; ip6 kube-proxy: {v6}"))
-            }
-        }
-    }
+    super::both_families(|ipv6| read_table(if ipv6 { "ip6" } else { "ip" }, service))
 }
 
-/// One family's table: `Ok(None)` when the table does not exist.
-fn read_table(family: &str, service: &ServiceName) -> Result<Option<KubeDns>, String> {
+/// One family's table.
+fn read_table(family: &str, service: &ServiceName) -> Result<KubeDns, String> {
     match tool::run(
         "nft",
         &["-j", "list", "table", family, "kube-proxy"],
         NFT_TIMEOUT,
     ) {
-        Ok(json) => parse(&json, service).map(Some),
-        // nft's only word for a missing table (ENOENT from netlink).
-        Err(e) if e.contains("No such file or directory") => Ok(None),
+        Ok(json) => parse(&json, service),
+        // nft's only word for a missing table (ENOENT from netlink). The same sentence for both
+        // families, so a node with neither says it once.
+        Err(e) if e.contains("No such file or directory") => {
+            Err("no nftables table kube-proxy: kube-proxy is not in nftables mode".into())
+        }
         Err(e) => Err(e),
     }
 }
@@ -149,6 +125,7 @@ fn value(raw: &RawValue) -> Value {
 }
 
 /// The parts of one table that lead from the service to its backends.
+#[derive(Default)]
 struct Table<'a> {
     /// Chain names in the order nft lists them.
     chains: Vec<&'a str>,
@@ -160,11 +137,7 @@ struct Table<'a> {
 
 impl<'a> Table<'a> {
     fn new(items: &'a [Item<'a>]) -> Table<'a> {
-        let mut table = Table {
-            chains: Vec::new(),
-            rules: HashMap::new(),
-            service_ips: None,
-        };
+        let mut table = Table::default();
         for item in items {
             if let Some(chain) = &item.chain {
                 table.chains.push(&chain.name);
@@ -197,16 +170,12 @@ impl<'a> Table<'a> {
             let expr = value(expr);
             let mut targets = Vec::new();
             verdict_targets(&expr, &mut targets);
-            for target in targets.into_iter().filter(|t| t.starts_with("endpoint-")) {
-                // A chain named twice (affinity rule and vmap), or two endpoint chains naming
-                // the same pod: an upstream is listed once.
-                match self.endpoint(target) {
-                    Some(addr) if !backends.contains(&addr) => backends.push(addr),
-                    _ => {}
-                }
-            }
+            let endpoints = targets.into_iter().filter(|t| t.starts_with("endpoint-"));
+            backends.extend(endpoints.filter_map(|t| self.endpoint(t)));
         }
-        backends
+        // A chain named twice (affinity rule and vmap), or two endpoint chains naming the same
+        // pod: an upstream is listed once.
+        super::unique(backends)
     }
 
     /// An endpoint chain's address: its `dnat` rule, or failing that its name.

@@ -132,6 +132,19 @@ pub struct Engine {
     scratch: Vec<u8>,
 }
 
+/// A query about to go in flight ([`Engine::start`]): the client's query as routed.
+struct Start<'a> {
+    /// `None` for a query only to refresh the cache.
+    client: Option<Client>,
+    packet: &'a [u8],
+    q: wire::Query,
+    key: Option<Key>,
+    group: UpstreamGroup,
+    transport: Transport,
+    /// An expired answer is cached: the client may get it if the upstreams are slow.
+    stale_known: bool,
+}
+
 impl Engine {
     pub fn new(
         role: ListenerRole,
@@ -321,16 +334,16 @@ impl Engine {
             self.outbox.push(Dest::Client(client), &self.scratch);
             return Outcome::Answered;
         }
-        self.start(
-            now,
-            Some(client),
+        let start = Start {
+            client: Some(client),
             packet,
             q,
             key,
             group,
             transport,
             stale_known,
-        );
+        };
+        self.start(now, start);
         Outcome::Waiting
     }
 
@@ -374,35 +387,33 @@ impl Engine {
         transport: Transport,
     ) {
         if self.room_for(group) {
-            self.start(now, None, packet, q, key, group, transport, false);
+            let start = Start {
+                client: None,
+                packet,
+                q,
+                key,
+                group,
+                transport,
+                stale_known: false,
+            };
+            self.start(now, start);
         }
     }
 
-    /// A new query in flight, for `client` or (with `None`) only to refresh the cache.
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        &mut self,
-        now: Instant,
-        client: Option<Client>,
-        packet: &[u8],
-        q: wire::Query,
-        key: Option<Key>,
-        group: UpstreamGroup,
-        transport: Transport,
-        stale_known: bool,
-    ) {
+    /// A new query in flight.
+    fn start(&mut self, now: Instant, s: Start) {
         self.hedge_tokens = (self.hedge_tokens + 1).min(HEDGE_BURST);
         let mut query = self.spare_queries.pop().unwrap_or_default();
-        query.extend_from_slice(packet);
+        query.extend_from_slice(s.packet);
         let pending = Pending {
             query,
-            q,
-            client,
+            q: s.q,
+            client: s.client,
             followers: Vec::new(),
-            key: key.clone(),
-            group,
-            transport,
-            start: self.upstreams.get(group).next_start(),
+            key: s.key.clone(),
+            group: s.group,
+            transport: s.transport,
+            start: self.upstreams.get(s.group).next_start(),
             deadline: now + self.settings.query_timeout,
             tries: [None; MAX_TRIES],
             ntries: 0,
@@ -412,13 +423,13 @@ impl Engine {
             refetch: None,
         };
         let slot = self.allocate(pending);
-        if let Some(key) = key {
-            self.waiting[transport as usize].insert(key, slot);
+        if let Some(key) = s.key {
+            self.waiting[s.transport as usize].insert(key, slot);
         }
         // The client-response timer: an expired answer beats making the client wait out a
         // failing upstream.
-        if stale_known
-            && client.is_some()
+        if s.stale_known
+            && s.client.is_some()
             && self.settings.stale_after < self.settings.query_timeout
         {
             self.arm(slot, 0, now + self.settings.stale_after, TimerKind::Stale);
