@@ -64,10 +64,10 @@ enum Samples {
     Own(fn(&Scrape, &str, &mut String)),
 }
 
-/// One series: its name, type, help text and samples.
+/// One series: its name, help text and samples. Its type follows from its name, by Prometheus's
+/// conventions: `_total` a counter, `_duration_seconds` a histogram, anything else a gauge.
 struct Series {
     name: &'static str,
-    kind: &'static str,
     help: &'static str,
     samples: Samples,
 }
@@ -76,7 +76,6 @@ struct Series {
 const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_responses_total",
-        kind: "counter",
         help: "Replies sent to clients, by listener, transport and RCODE.",
         samples: Samples::Own(|s, name, o| {
             for l in ListenerRole::BOTH {
@@ -95,49 +94,41 @@ const SERIES: &[Series] = &[
     },
     Series {
         name: "localdns_fallback_dropped_total",
-        kind: "counter",
         help: "Client packets dropped unanswered (too short, or response-shaped).",
         samples: Samples::PerListener(|s| s.dropped.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_shed_total",
-        kind: "counter",
         help: "Queries (UDP and TCP) refused because too many were in flight.",
         samples: Samples::PerListener(|s| s.shed.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_inflight_queries",
-        kind: "gauge",
         help: "Queries (UDP and TCP) waiting for an upstream.",
         samples: Samples::PerListener(|s| s.inflight.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_cache_hits_total",
-        kind: "counter",
         help: "Queries answered fresh from the cache.",
         samples: Samples::PerListener(|s| s.cache_hits.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_cache_misses_total",
-        kind: "counter",
         help: "Queries the cache could not answer.",
         samples: Samples::PerListener(|s| s.cache_misses.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_stale_answers_total",
-        kind: "counter",
         help: "Answers served from expired cache entries because upstreams failed.",
         samples: Samples::PerListener(|s| s.stale.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_hosts_entries",
-        kind: "gauge",
         help: "(name, address) records from the hosts file (--hosts-file), as CoreDNS's coredns_hosts_entries.",
         samples: Samples::One(|s| s.sets.hosts.len() as f64),
     },
     Series {
         name: "localdns_fallback_hosts_reload_timestamp_seconds",
-        kind: "gauge",
         help: "When the hosts file was last read, since the Unix epoch; 0 for never.",
         samples: Samples::One(|s| {
             let read = s.sets.hosts.read_at.map(|t| t.duration_since(UNIX_EPOCH));
@@ -146,31 +137,26 @@ const SERIES: &[Series] = &[
     },
     Series {
         name: "localdns_fallback_cache_entries",
-        kind: "gauge",
         help: "Answers in the cache.",
         samples: Samples::One(|s| s.cache_entries as f64),
     },
     Series {
         name: "localdns_fallback_cache_bytes",
-        kind: "gauge",
         help: "Memory the cache accounts for.",
         samples: Samples::One(|s| s.cache_bytes as f64),
     },
     Series {
         name: "localdns_fallback_upstream_queries_total",
-        kind: "counter",
         help: "Queries sent to each upstream (every try counts).",
         samples: Samples::PerUpstream(|s| s.queries.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_upstream_failures_total",
-        kind: "counter",
         help: "Tries at each upstream that timed out, could not be sent, were refused by the network or got an error reply (SERVFAIL, REFUSED, NOTIMP).",
         samples: Samples::PerUpstream(|s| s.failures.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_upstream_duration_seconds",
-        kind: "histogram",
         help: "Time from sending a try to its accepted reply, per upstream.",
         samples: Samples::Own(|s, name, o| {
             for (k, u) in &s.upstreams {
@@ -180,7 +166,6 @@ const SERIES: &[Series] = &[
     },
     Series {
         name: "localdns_fallback_upstreams",
-        kind: "gauge",
         help: "Upstreams in use per group, labelled with where they were found.",
         samples: Samples::Own(|s, name, o| {
             for g in UpstreamGroup::BOTH {
@@ -196,7 +181,6 @@ const SERIES: &[Series] = &[
     },
     Series {
         name: "localdns_fallback_upstream_set_changes_total",
-        kind: "counter",
         help: "Times a group's set of upstreams changed.",
         samples: Samples::Own(|s, name, o| {
             for g in UpstreamGroup::BOTH {
@@ -211,7 +195,6 @@ const SERIES: &[Series] = &[
     },
     Series {
         name: "localdns_fallback_holding_flows",
-        kind: "gauge",
         help: "1 while this process holds LocalDNS's flows on the listener (new flows come to it), 0 while LocalDNS has them.",
         samples: Samples::Own(|s, name, o| {
             let holding = u8::from(s.counters.takeovers.holding().is_some());
@@ -222,37 +205,31 @@ const SERIES: &[Series] = &[
     },
     Series {
         name: "localdns_fallback_takeovers_total",
-        kind: "counter",
         help: "Times this process took LocalDNS's flows, by cause: localdns_failed (started by systemd for a failed or restarting LocalDNS), addresses_gone (the standby saw LocalDNS's addresses removed), silent_probe (the standby's probe went unanswered), unread_queries (the standby saw LocalDNS leave queries unread in its sockets), by_hand.",
         samples: Samples::PerCause(|t, c| t.count(c).0),
     },
     Series {
         name: "localdns_fallback_handbacks_total",
-        kind: "counter",
         help: "Times this process gave LocalDNS its flows back, by the cause of the takeover it ended.",
         samples: Samples::PerCause(|t, c| t.count(c).1),
     },
     Series {
         name: "localdns_fallback_last_takeover_timestamp_seconds",
-        kind: "gauge",
         help: "When this process last took LocalDNS's flows, since the Unix epoch; 0 for never.",
         samples: Samples::One(|s| s.counters.takeovers.last().0),
     },
     Series {
         name: "localdns_fallback_last_handback_timestamp_seconds",
-        kind: "gauge",
         help: "When this process last gave LocalDNS its flows back, since the Unix epoch; 0 for never.",
         samples: Samples::One(|s| s.counters.takeovers.last().1),
     },
     Series {
         name: "localdns_fallback_standby",
-        kind: "gauge",
         help: "1 for the standby (--standby), which runs beside LocalDNS for as long as the node is up; 0 for a fallback started when LocalDNS failed.",
         samples: Samples::One(|s| f64::from(u8::from(s.counters.takeovers.standby()))),
     },
     Series {
         name: "localdns_fallback_build_info",
-        kind: "gauge",
         help: "Always 1; the version is in the label.",
         samples: Samples::Own(|_, name, o| {
             let _ = writeln!(o, "{name}{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
@@ -260,7 +237,6 @@ const SERIES: &[Series] = &[
     },
     Series {
         name: "process_start_time_seconds",
-        kind: "gauge",
         help: "Start time of the process since the Unix epoch.",
         samples: Samples::One(|s| {
             let started = s.counters.started.duration_since(UNIX_EPOCH);
@@ -290,11 +266,15 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
     let o = &mut out;
     for Series {
         name,
-        kind,
         help,
         samples,
     } in SERIES
     {
+        let kind = match name {
+            n if n.ends_with("_total") => "counter",
+            n if n.ends_with("_duration_seconds") => "histogram",
+            _ => "gauge",
+        };
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
         match samples {
             Samples::PerListener(get) => {
