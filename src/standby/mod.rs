@@ -25,11 +25,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::MsgFlags;
 
 use crate::cli::Config;
-use nix::sys::eventfd::{EfdFlags, EventFd};
-
 use crate::flows::{Addresses, Cause, Flows, Holder, Out, ROUNDS_TO_ACT};
 use crate::listen::Held;
 use crate::netlink::{self, Diag, Looked, Proto};
