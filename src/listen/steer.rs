@@ -48,27 +48,18 @@ impl Held {
     /// as they were at the bind.
     pub fn read_places(diag: Option<&mut Diag>, held: &mut [Held]) {
         let Some(diag) = diag else { return };
-        let mut shared: Vec<&mut Held> = held.iter_mut().filter(|h| h.addr.port() != 0).collect();
-        let groups: Vec<_> = shared
-            .iter()
-            .flat_map(|h| {
-                [
-                    (h.addr, Proto::Udp, h.udp.ours),
-                    (h.addr, Proto::Tcp, h.tcp.ours),
-                ]
-            })
-            .collect();
-        let read = match diag.theirs(&groups, true) {
-            Ok(read) => read,
-            Err(e) => {
-                return tracing::warn!(error = %e, "cannot read our places in the ports' groups");
-            }
-        };
-        for (h, pair) in shared.iter_mut().zip(read.chunks(2)) {
-            for (place, theirs, proto) in [
-                (&mut h.udp, &pair[0], Proto::Udp),
-                (&mut h.tcp, &pair[1], Proto::Tcp),
-            ] {
+        for proto in [Proto::Udp, Proto::Tcp] {
+            let read = match Held::theirs(diag, held, proto, true) {
+                Ok(read) => read,
+                Err(e) => {
+                    return tracing::warn!(error = %e, "cannot read our places in the ports' groups");
+                }
+            };
+            for (h, theirs) in held.iter_mut().zip(read) {
+                let place = match proto {
+                    Proto::Udp => &mut h.udp,
+                    Proto::Tcp => &mut h.tcp,
+                };
                 let before = place.index();
                 place.update(&theirs.iter().map(|(m, _)| m.inode).collect::<Vec<_>>());
                 if place.index() != before {
@@ -155,6 +146,13 @@ impl Held {
         proto: Proto,
         dump: bool,
     ) -> io::Result<(Looked, bool)> {
+        let read = Held::theirs(diag, held, proto, dump)?;
+        let complete = read.iter().all(|theirs| !theirs.is_empty());
+        Ok((read.concat(), complete))
+    }
+
+    /// The members but ours of the `proto` group of each listener in `held`, in its order.
+    fn theirs(diag: &mut Diag, held: &[Held], proto: Proto, dump: bool) -> io::Result<Vec<Looked>> {
         let groups: Vec<_> = held
             .iter()
             .map(|h| {
@@ -165,9 +163,7 @@ impl Held {
                 (h.addr, proto, place.ours)
             })
             .collect();
-        let read = diag.theirs(&groups, dump)?;
-        let complete = read.iter().all(|theirs| !theirs.is_empty());
-        Ok((read.concat(), complete))
+        diag.theirs(&groups, dump)
     }
 
     /// Detaches the steering programs (plain SO_REUSEPORT sharing again) right before our
