@@ -119,8 +119,9 @@ pub struct Engine {
     unanswered: Map<Key, Instant>,
     timers: BinaryHeap<Reverse<Timer>>,
     hedge_tokens: u32,
-    /// The UDP socket tries go through now, and for how many more tries (see `udp_socket`).
-    socket_run: (usize, u32),
+    /// The UDP socket tries go through now, for how many more tries, and when the last went
+    /// (see `udp_socket`).
+    socket_run: (usize, u32, Option<Instant>),
     /// Query IDs and socket choices must be unpredictable to an off-path spoofer.
     rng: StdRng,
     outbox: Outbox,
@@ -162,7 +163,7 @@ impl Engine {
             unanswered: Map::with_hasher(hasher),
             timers: BinaryHeap::new(),
             hedge_tokens: HEDGE_BURST,
-            socket_run: (0, 0),
+            socket_run: (0, 0, None),
             rng,
             outbox: Outbox::default(),
             events: VecDeque::new(),
