@@ -230,7 +230,7 @@ fn a_flood_of_one_group_leaves_room_for_the_other_on_the_node_listener() {
 #[test]
 fn ids_spread_over_sockets_and_values() {
     let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
-    // One query an instant: the queries of one instant share a socket.
+    // A query a millisecond: tries share a socket for `SOCKET_RUN`.
     for i in 0..200 {
         rig.query(&query(i, &format!("n{i}.b"), None), u64::from(i));
     }

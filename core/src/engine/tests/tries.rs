@@ -131,19 +131,19 @@ fn a_burst_of_lost_tries_beyond_the_budget_is_hedged_as_the_budget_refills() {
     );
 }
 
-/// Tries go through one socket in runs of at least `SOCKET_RUN` (a relay's batch leaves in one
-/// `sendmmsg`), a run ending only with the batch (the tries of one instant) it ends in; each
-/// run's socket drawn at random, so every socket is used.
+/// Tries go through one socket for `SOCKET_RUN` (a relay's batch leaves in one `sendmmsg`), so a
+/// batch (the tries of one instant) never changes socket; each run's socket is drawn at random,
+/// so every socket is used.
 #[test]
 fn tries_go_through_one_socket_a_run_and_every_socket_in_turn() {
     let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
-    // Batches of 1 to 91 queries, one instant each.
-    let mut batch_of = Vec::new();
-    for b in 0..60u64 {
-        for _ in 0..(b * 37 % 7) * 15 + 1 {
-            let i = batch_of.len() as u16;
-            rig.query(&query(i, &format!("n{i}.svc"), None), b);
-            batch_of.push(b);
+    let mut sent_at = Vec::new();
+    for ms in 0..400u64 {
+        // Batches of 1 to 7 queries, one a millisecond.
+        for _ in 0..ms * 37 % 7 + 1 {
+            let i = sent_at.len() as u16;
+            rig.query(&query(i, &format!("n{i}.svc"), None), ms);
+            sent_at.push(ms);
         }
     }
     let sockets: Vec<usize> = rig
@@ -157,16 +157,21 @@ fn tries_go_through_one_socket_a_run_and_every_socket_in_turn() {
             _ => None,
         })
         .collect();
-    assert_eq!(sockets.len(), batch_of.len());
-    let (mut run_start, mut run_left) = (0, SOCKET_RUN as usize);
+    assert_eq!(sockets.len(), sent_at.len());
+    let run = SOCKET_RUN.as_millis() as u64;
+    let mut run_start = 0;
     for i in 1..sockets.len() {
-        run_left = run_left.saturating_sub(1);
-        if sockets[i] == sockets[run_start] {
-            continue;
+        if sockets[i] != sockets[i - 1] {
+            assert!(
+                sent_at[i] >= run_start + run,
+                "switched at {i}: {sockets:?}"
+            );
+            assert_ne!(sent_at[i], sent_at[i - 1], "switched within a batch at {i}");
+            run_start = sent_at[i];
+        } else if sent_at[i] >= run_start + run {
+            // Drawn again, the same socket.
+            run_start = sent_at[i];
         }
-        assert!(run_left == 0, "run at {run_start} switched at {i}: {sockets:?}");
-        assert_ne!(batch_of[i], batch_of[i - 1], "switched within a batch at {i}");
-        (run_start, run_left) = (i, SOCKET_RUN as usize);
     }
     for socket in 0..crate::rig::SOCKETS {
         assert!(sockets.contains(&socket), "socket {socket} never drawn");
