@@ -4,8 +4,8 @@
 #
 #   loadtest/run.sh [--quick] [--scenario NAME] [--systems a,b,c] [--generator own|dnsperf]
 #                   [--upstream own|knot] [--reps N] [--gen-threads N] [--lf-args 'FLAGS']
-#                   [--lf-bin PATH] [--lf-base PATH] [--faults a,b] [--install] [--no-build]
-#                   [--out DIR]
+#                   [--lf-bin PATH] [--lf-base PATH] [--misses-only] [--faults a,b] [--install]
+#                   [--no-build] [--out DIR]
 #
 # Scenarios: throughput (default), kill, slow, faults, outage-stale, tcp, overload, calibrate, all.
 # See loadtest/README.md for what each one does and what each figure means.
@@ -25,7 +25,7 @@ usage() { sed -n '2,11p' "$self" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 # ---------------------------------------------------------------- options
 quick=0 scenario=throughput systems_opt="" generator=own upstream=own reps="" install=0 build=1 out="" gen_threads=1 lf_args=""
-lf_bin="" lf_base="" faults_opt=""
+lf_bin="" lf_base="" faults_opt="" misses_only=0
 while (($#)); do
     case $1 in
         --quick) quick=1 ;;
@@ -38,6 +38,7 @@ while (($#)); do
         --lf-args) lf_args=${2?}; shift ;;
         --lf-bin) lf_bin=${2:?--lf-bin needs a path}; shift ;;
         --lf-base) lf_base=$(readlink -f "${2:?--lf-base needs a path}"); shift ;;
+        --misses-only) misses_only=1 ;;
         --faults) faults_opt=${2:?--faults needs a list}; shift ;;
         --install) install=1 ;;
         --no-build) build=0 ;;
@@ -559,6 +560,7 @@ scenario_throughput() {
             use_dnsperf=1
             datafile=$work/miss-sat.txt
             load "${L[@]}" phase=sat-miss -- --names miss --outstanding "$outstanding" --duration "$duration" --warmup "$warmup"
+            if ((misses_only)); then use_dnsperf=0; teardown; continue; fi
             datafile=$work/hit.txt
             load "${L[@]}" phase=sat-hit -- --names hit --outstanding "$outstanding" --duration "$duration" --warmup "$warmup"
             datafile=$work/mix.txt

@@ -68,8 +68,8 @@ const HEDGE_UNKNOWN: Duration = Duration::from_millis(100);
 const HEDGE_COST: u32 = 5;
 /// Tokens saved up at most: a burst of losses can be hedged.
 const HEDGE_BURST: u32 = 50 * HEDGE_COST;
-/// Tries that go through one UDP socket before another is drawn: a relay's batch.
-const SOCKET_RUN: u32 = 64;
+/// How long tries go through one UDP socket before another is drawn.
+const SOCKET_RUN: Duration = Duration::from_millis(10);
 /// Query buffers kept for reuse, so a query costs no allocation: as many as were in flight at
 /// once, up to 1,024 of at most 512 bytes (512 KiB per relay thread at worst; a bigger query is
 /// allocated and freed as before).
@@ -119,8 +119,8 @@ pub struct Engine {
     unanswered: Map<Key, Instant>,
     timers: BinaryHeap<Reverse<Timer>>,
     hedge_tokens: u32,
-    /// The UDP socket tries go through now, and for how many more tries (see `udp_socket`).
-    socket_run: (usize, u32),
+    /// The UDP socket tries go through now, and until when (see `udp_socket`).
+    socket_run: (usize, Option<Instant>),
     /// Query IDs and socket choices must be unpredictable to an off-path spoofer.
     rng: StdRng,
     outbox: Outbox,
@@ -175,7 +175,7 @@ impl Engine {
             unanswered: Map::with_hasher(hasher),
             timers: BinaryHeap::new(),
             hedge_tokens: HEDGE_BURST,
-            socket_run: (0, 0),
+            socket_run: (0, None),
             rng,
             outbox: Outbox::default(),
             events: VecDeque::new(),

@@ -286,7 +286,7 @@ impl Engine {
             };
             let via = match transport {
                 Transport::Udp if refetch.is_none() => Via::Udp {
-                    socket: self.udp_socket(),
+                    socket: self.udp_socket(now),
                 },
                 Transport::Udp | Transport::Tcp => Via::Tcp,
             };
@@ -340,19 +340,19 @@ impl Engine {
         }
     }
 
-    /// The UDP socket of the next try: drawn at random and kept for `SOCKET_RUN` tries, so the
-    /// tries of one batch leave in one `sendmmsg` and their replies come back on one socket
-    /// (one `recvmmsg`, one wake-up of the upstream) rather than spread over every socket; which
-    /// socket a try used is still unknown to an off-path spoofer.
-    fn udp_socket(&mut self) -> usize {
-        let (socket, left) = &mut self.socket_run;
-        if *left == 0 {
+    /// The UDP socket of the next try: drawn at random and kept for `SOCKET_RUN`, so the tries of
+    /// one batch (made at one `now`) leave in one `sendmmsg` and their replies come back on one
+    /// socket (one `recvmmsg`) rather than spread over every socket, and an upstream serving
+    /// from several threads by source port is not woken on each of them in turn; which socket a
+    /// try used is still unknown to an off-path spoofer.
+    fn udp_socket(&mut self, now: Instant) -> usize {
+        let (socket, until) = &mut self.socket_run;
+        if until.is_none_or(|t| now >= t) {
             *socket = self
                 .rng
                 .random_range(0..self.settings.udp_sockets_per_upstream.max(1));
-            *left = SOCKET_RUN;
+            *until = Some(now + SOCKET_RUN);
         }
-        *left -= 1;
         *socket
     }
 

@@ -230,8 +230,9 @@ fn a_flood_of_one_group_leaves_room_for_the_other_on_the_node_listener() {
 #[test]
 fn ids_spread_over_sockets_and_values() {
     let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
+    // A query a millisecond: tries share a socket for `SOCKET_RUN`.
     for i in 0..200 {
-        rig.query(&query(i, &format!("n{i}.b"), None), 0);
+        rig.query(&query(i, &format!("n{i}.b"), None), u64::from(i));
     }
     let mut ids = std::collections::HashSet::new();
     let mut sockets = std::collections::HashSet::new();

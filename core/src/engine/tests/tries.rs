@@ -131,14 +131,20 @@ fn a_burst_of_lost_tries_beyond_the_budget_is_hedged_as_the_budget_refills() {
     );
 }
 
-/// Tries go through one socket in runs of `SOCKET_RUN` (a relay's batch leaves in one
-/// `sendmmsg`), each run's socket drawn at random, so every socket is used.
+/// Tries go through one socket for `SOCKET_RUN` (a relay's batch leaves in one `sendmmsg`), so a
+/// batch (the tries of one instant) never changes socket; each run's socket is drawn at random,
+/// so every socket is used.
 #[test]
 fn tries_go_through_one_socket_a_run_and_every_socket_in_turn() {
     let mut rig = Rig::new(Transport::Udp, ListenerRole::Cluster, vec![], vec![up(1)]);
-    let runs = 40;
-    for i in 0..(SOCKET_RUN * runs) as u16 {
-        rig.query(&query(i, &format!("n{i}.svc"), None), 0);
+    let mut sent_at = Vec::new();
+    for ms in 0..400u64 {
+        // Batches of 1 to 7 queries, one a millisecond.
+        for _ in 0..ms * 37 % 7 + 1 {
+            let i = sent_at.len() as u16;
+            rig.query(&query(i, &format!("n{i}.svc"), None), ms);
+            sent_at.push(ms);
+        }
     }
     let sockets: Vec<usize> = rig
         .sent
@@ -151,8 +157,21 @@ fn tries_go_through_one_socket_a_run_and_every_socket_in_turn() {
             _ => None,
         })
         .collect();
-    for run in sockets.chunks(SOCKET_RUN as usize) {
-        assert!(run.iter().all(|s| *s == run[0]), "{run:?}");
+    assert_eq!(sockets.len(), sent_at.len());
+    let run = SOCKET_RUN.as_millis() as u64;
+    let mut run_start = 0;
+    for i in 1..sockets.len() {
+        if sockets[i] != sockets[i - 1] {
+            assert!(
+                sent_at[i] >= run_start + run,
+                "switched at {i}: {sockets:?}"
+            );
+            assert_ne!(sent_at[i], sent_at[i - 1], "switched within a batch at {i}");
+            run_start = sent_at[i];
+        } else if sent_at[i] >= run_start + run {
+            // Drawn again, the same socket.
+            run_start = sent_at[i];
+        }
     }
     for socket in 0..crate::rig::SOCKETS {
         assert!(sockets.contains(&socket), "socket {socket} never drawn");
