@@ -58,12 +58,7 @@ pub async fn follow(
     let mut failures_at_look = 0;
     loop {
         if let Some(table) = hosts_file.check() {
-            let hosts = Arc::new(table);
-            let sets = UpstreamSets {
-                hosts,
-                ..UpstreamSets::clone(&publish.borrow())
-            };
-            publish.send_replace(Arc::new(sets));
+            publish.send_modify(|sets| Arc::make_mut(sets).hosts = Arc::new(table));
         }
         if owned.node {
             node.check(&publish, &metrics);
