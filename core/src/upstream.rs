@@ -190,15 +190,7 @@ impl UpstreamSet {
         let n = self.addrs.len();
         // One division per try, not one per server visited in each of the passes below.
         let start = start.checked_rem(n).unwrap_or(0);
-        let order = move || {
-            (0..n).map(move |k| {
-                if start + k < n {
-                    start + k
-                } else {
-                    start + k - n
-                }
-            })
-        };
+        let order = move || (start..n).chain(0..start);
         let choice = |i: usize, probe| Choice {
             addr: self.addrs[i],
             probe,
