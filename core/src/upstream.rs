@@ -118,8 +118,7 @@ impl UpstreamSet {
     /// `now` the set will be given.
     #[cfg(any(test, feature = "rig"))]
     pub fn new(addrs: Vec<SocketAddr>, epoch: Instant) -> UpstreamSet {
-        let stats = addrs.iter().map(|_| Arc::default()).collect();
-        UpstreamSet::with_stats(addrs, stats, epoch)
+        UpstreamSet::with_stats(addrs, |_| Arc::default(), epoch)
     }
 
     /// A set counting into `counters`, where the counters of a server stay across set changes.
@@ -129,31 +128,28 @@ impl UpstreamSet {
         counters: &Counters,
         epoch: Instant,
     ) -> UpstreamSet {
-        let stats = addrs.iter().map(|a| counters.upstream(group, *a)).collect();
-        UpstreamSet::with_stats(addrs, stats, epoch)
+        UpstreamSet::with_stats(addrs, |a| counters.upstream(group, a), epoch)
     }
 
     fn with_stats(
         addrs: Vec<SocketAddr>,
-        stats: Vec<Arc<UpstreamStats>>,
+        stats: impl Fn(SocketAddr) -> Arc<UpstreamStats>,
         epoch: Instant,
     ) -> UpstreamSet {
         // A server listed twice would stay "healthy" through its second entry after the first
         // was marked suspect; each server is listed once, first place kept.
         let mut unique: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
-        let mut unique_stats = Vec::with_capacity(addrs.len());
-        for (addr, stat) in addrs.into_iter().zip(stats) {
+        for addr in addrs {
             if !unique.contains(&addr) {
                 unique.push(addr);
-                unique_stats.push(stat);
             }
         }
         UpstreamSet {
             health: unique.iter().map(|_| Health::default()).collect(),
+            stats: unique.iter().map(|a| stats(*a)).collect(),
             addrs: unique,
             cursor: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
-            stats: unique_stats,
             epoch,
         }
     }
