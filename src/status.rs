@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use crate::cli::{self, Command, Config};
+use crate::discover::tool::side_by_side;
 use crate::flows::Cause;
 use crate::roles::ListenerRole;
 use crate::standby::probe::{Prober, Seen};
@@ -87,14 +88,8 @@ struct Look {
 }
 
 fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
-    let answered = std::thread::scope(|s| {
-        let node = s.spawn(|| answers(listeners[0]));
-        let cluster = answers(listeners[1]);
-        let node = node
-            .join()
-            .unwrap_or_else(|_| Err("the probe panicked".into()));
-        Ok::<_, String>([node?, cluster?])
-    })?;
+    let (node, cluster) = side_by_side(|| answers(listeners[0]), || answers(listeners[1]));
+    let answered = [node?, cluster?];
     let daemons = daemons(&listeners)?
         .into_iter()
         .map(|d| {
