@@ -240,11 +240,10 @@ fn override_route(
     let (domain, dest) = v
         .split_once('=')
         .ok_or_else(|| bad("expected DOMAIN=VnetDNS or DOMAIN=ClusterCoreDNS"))?;
-    let group = match dest.to_ascii_lowercase().as_str() {
-        "vnetdns" => UpstreamGroup::VnetDns,
-        "clustercoredns" => UpstreamGroup::KubeDns,
-        _ => return Err(bad("the destination is VnetDNS or ClusterCoreDNS")),
-    };
+    let group = UpstreamGroup::BOTH
+        .into_iter()
+        .find(|&g| dest_name(g).eq_ignore_ascii_case(dest))
+        .ok_or_else(|| bad("the destination is VnetDNS or ClusterCoreDNS"))?;
     let domain = match domain.trim_end_matches('.').to_ascii_lowercase() {
         d if d.is_empty() && domain == "." => ".".to_string(),
         d if d.is_empty() => return Err(bad("no domain before the =")),
@@ -253,20 +252,15 @@ fn override_route(
             d
         }
     };
-    match c
-        .overrides
-        .iter()
-        .find(|(l, d, _)| *l == listener && *d == domain)
-    {
-        Some(&(_, _, was)) if was != group => {
-            Err(bad(&format!("{domain} is already sent elsewhere")))
+    let given = |(l, d, _): &&(ListenerRole, String, _)| *l == listener && *d == domain;
+    match c.overrides.iter().find(given) {
+        Some(&(.., was)) if was != group => {
+            return Err(bad(&format!("{domain} is already sent elsewhere")));
         }
-        Some(_) => Ok(()),
-        None => {
-            c.overrides.push((listener, domain, group));
-            Ok(())
-        }
+        Some(_) => {}
+        None => c.overrides.push((listener, domain, group)),
     }
+    Ok(())
 }
 
 fn show_overrides(c: &Config, listener: ListenerRole) -> String {
