@@ -82,26 +82,13 @@ fn vnet_dns(config: &Config) -> Found {
         Ok(_) => format!("{} lists no VNet DNS server", d.resolv_conf.display()),
         Err(e) => e,
     };
-    let none = |problem: String| Found {
-        upstreams: Vec::new(),
-        source,
-        problem: Some(problem),
-    };
-    let Some(dir) = &d.dhcp_leases else {
-        return none(format!(
-            "{why}; the DHCP leases are not used (--dhcp-leases none)"
-        ));
-    };
-    match leases::read(dir, &skip) {
-        Ok(upstreams) if !upstreams.is_empty() => Found::ok(
-            upstreams,
-            format!("DHCP leases {}, while {why}", dir.display()),
-        ),
-        Ok(_) => none(format!(
-            "{why}; {} name no DNS server either",
-            dir.display()
-        )),
-        Err(e) => none(format!("{why}; {e}")),
+    match leases::servers(d.dhcp_leases.as_deref(), &skip) {
+        Ok((upstreams, from)) => Found::ok(upstreams, format!("{from}, while {why}")),
+        Err(e) => Found {
+            upstreams: Vec::new(),
+            source,
+            problem: Some(format!("{why}; {e}")),
+        },
     }
 }
 

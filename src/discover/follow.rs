@@ -176,29 +176,24 @@ impl VnetDnsFollower {
             );
             return;
         }
-        let leases_said = match &self.leases {
-            None => "the DHCP leases are not used (--dhcp-leases none)".to_string(),
-            Some(dir) => {
-                // networkd replaces a lease by a rename, which changes the directory's stamp.
-                let stamp = resolv_conf::stamp(dir);
-                if !resolv_changed && stamp.is_some() && stamp == self.leases_stamp {
-                    return;
-                }
-                self.leases_stamp = stamp;
-                let source = format!("DHCP leases {}", dir.display());
-                match leases::read(dir, &self.listeners) {
-                    Ok(servers) if !servers.is_empty() => {
-                        swap(publish, metrics, UpstreamGroup::VnetDns, servers, &source);
-                        self.say(
-                            tracing::Level::INFO,
-                            format!("{why}; using the VNet DNS servers of the {source} meanwhile"),
-                        );
-                        return;
-                    }
-                    Ok(_) => format!("{} name no DNS server either", dir.display()),
-                    Err(e) => e,
-                }
+        if let Some(dir) = &self.leases {
+            // networkd replaces a lease by a rename, which changes the directory's stamp.
+            let stamp = resolv_conf::stamp(dir);
+            if !resolv_changed && stamp.is_some() && stamp == self.leases_stamp {
+                return;
             }
+            self.leases_stamp = stamp;
+        }
+        let leases_said = match leases::servers(self.leases.as_deref(), &self.listeners) {
+            Ok((servers, source)) => {
+                swap(publish, metrics, UpstreamGroup::VnetDns, servers, &source);
+                self.say(
+                    tracing::Level::INFO,
+                    format!("{why}; using the VNet DNS servers of the {source} meanwhile"),
+                );
+                return;
+            }
+            Err(e) => e,
         };
         let serving = !publish.borrow().vnet_dns.is_empty();
         let then = if serving {
