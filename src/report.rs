@@ -7,6 +7,7 @@ use crate::cli::Config;
 use crate::discover::{explain, find_kube_dns, hosts, leases, resolv_conf};
 use crate::hosts::Hosts;
 use crate::roles::ListenerRole;
+use crate::stats::unix_secs;
 
 /// One group's upstreams, where they came from, and why there are none if so (in `--json` as
 /// it is: the addresses as text, the problem null when there is none).
@@ -136,17 +137,12 @@ pub fn text(config: &Config, r: &Report) -> String {
             "hosts file {path}: {} entries, {} lines skipped, read at {} (Unix time)",
             h.len(),
             h.skipped,
-            unix(h),
+            h.read_at.map_or(0.0, unix_secs) as u64,
         ),
         (Some(Err(e)), _) => writeln!(out, "hosts file: {e}; its names are forwarded"),
         _ => writeln!(out, "hosts file: none (--hosts-file none)"),
     };
     out
-}
-
-fn unix(h: &Hosts) -> u64 {
-    let since = h.read_at.map(|t| t.duration_since(std::time::UNIX_EPOCH));
-    since.and_then(Result::ok).unwrap_or_default().as_secs()
 }
 
 pub fn json(config: &Config, r: &Report) -> String {
@@ -169,7 +165,7 @@ pub fn json(config: &Config, r: &Report) -> String {
                 "path": config.discovery.hosts_file,
                 "entries": h.len(),
                 "lines_skipped": h.skipped,
-                "read_at": unix(h),
+                "read_at": h.read_at.map_or(0.0, unix_secs) as u64,
             }),
             Some(Err(e)) => serde_json::json!({
                 "path": config.discovery.hosts_file,

@@ -23,6 +23,7 @@ use crate::discover::tool::side_by_side;
 use crate::flows::Cause;
 use crate::roles::ListenerRole;
 use crate::standby::probe::{Prober, Seen};
+use crate::stats::unix_secs;
 
 /// Rounds asked of each listener; one answer is enough, as for LocalDNS's own probe.
 const ROUNDS: u32 = 3;
@@ -255,10 +256,7 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
         named.join(" and ")
     };
     let silent = which(look.answered, false);
-    let now = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
+    let now = unix_secs(now);
     for (daemon, said) in &look.daemons {
         let Ok(p) = said else { continue };
         if !p.holding.contains(&true) {
