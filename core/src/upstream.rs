@@ -26,6 +26,7 @@
 //! Nothing here logs or reads the clock after creation: callers pass `now` and learn of changes
 //! from the return values.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -271,13 +272,8 @@ impl UpstreamSet {
     /// Same servers, whatever the order? (Sources may list backends in another order each time;
     /// that is not a change worth a swap and a log line.)
     pub fn same_servers(&self, other: &[SocketAddr]) -> bool {
-        let sorted = |s: &[SocketAddr]| {
-            let mut v = s.to_vec();
-            v.sort();
-            v.dedup();
-            v
-        };
-        sorted(&self.addrs) == sorted(other)
+        let set = |s: &[SocketAddr]| s.iter().copied().collect::<BTreeSet<_>>();
+        set(&self.addrs) == set(other)
     }
 
     fn index(&self, addr: SocketAddr) -> Option<usize> {
