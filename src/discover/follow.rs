@@ -5,7 +5,6 @@
 //! between datagrams; queries in flight finish against the set they started with.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -101,8 +100,8 @@ pub async fn follow(
 /// no usable server and none of its servers were ever in force.
 #[derive(Default)]
 struct VnetDnsFollower {
-    resolv_conf: PathBuf,
-    leases: Option<PathBuf>,
+    /// Where resolv.conf and the DHCP leases are.
+    settings: Arc<Settings>,
     /// Our own listener addresses: never an upstream (the loop guard).
     listeners: Vec<IpAddr>,
     resolv_stamp: Option<resolv_conf::Stamp>,
@@ -117,10 +116,9 @@ struct VnetDnsFollower {
 }
 
 impl VnetDnsFollower {
-    fn new(settings: &Settings, listeners: Vec<IpAddr>) -> VnetDnsFollower {
+    fn new(settings: &Arc<Settings>, listeners: Vec<IpAddr>) -> VnetDnsFollower {
         VnetDnsFollower {
-            resolv_conf: settings.resolv_conf.clone(),
-            leases: settings.dhcp_leases.clone(),
+            settings: settings.clone(),
             listeners,
             ..VnetDnsFollower::default()
         }
@@ -129,12 +127,12 @@ impl VnetDnsFollower {
     /// A `stat` of resolv.conf (and of the lease directory while it is in use); a file is read
     /// only when it changed or is missing.
     fn check(&mut self, out: &Publisher) {
-        let stamp = resolv_conf::stamp(&self.resolv_conf);
+        let stamp = resolv_conf::stamp(&self.settings.resolv_conf);
         let resolv_changed = stamp.is_none() || stamp != self.resolv_stamp;
         if resolv_changed {
             self.resolv_stamp = stamp;
-            let path = self.resolv_conf.display();
-            match resolv_conf::read(&self.resolv_conf, &self.listeners) {
+            let path = self.settings.resolv_conf.display();
+            match resolv_conf::read(&self.settings.resolv_conf, &self.listeners) {
                 Ok(servers) if !servers.is_empty() => {
                     out.swap(
                         UpstreamGroup::VnetDns,
@@ -176,7 +174,7 @@ impl VnetDnsFollower {
             );
             return;
         }
-        if let Some(dir) = &self.leases {
+        if let Some(dir) = &self.settings.dhcp_leases {
             // networkd replaces a lease by a rename, which changes the directory's stamp.
             let stamp = resolv_conf::stamp(dir);
             if !resolv_changed && stamp.is_some() && stamp == self.leases_stamp {
@@ -184,17 +182,18 @@ impl VnetDnsFollower {
             }
             self.leases_stamp = stamp;
         }
-        let leases_said = match leases::servers(self.leases.as_deref(), &self.listeners) {
-            Ok((servers, source)) => {
-                out.swap(UpstreamGroup::VnetDns, servers, &source);
-                self.say(
-                    tracing::Level::INFO,
-                    format!("{why}; using the VNet DNS servers of the {source} meanwhile"),
-                );
-                return;
-            }
-            Err(e) => e,
-        };
+        let leases_said =
+            match leases::servers(self.settings.dhcp_leases.as_deref(), &self.listeners) {
+                Ok((servers, source)) => {
+                    out.swap(UpstreamGroup::VnetDns, servers, &source);
+                    self.say(
+                        tracing::Level::INFO,
+                        format!("{why}; using the VNet DNS servers of the {source} meanwhile"),
+                    );
+                    return;
+                }
+                Err(e) => e,
+            };
         let serving = !out.publish.borrow().vnet_dns.is_empty();
         let then = if serving {
             "keeping the VNet DNS servers found before"
