@@ -95,13 +95,9 @@ fn vnet_dns(config: &Config) -> Found {
 
 fn line(out: &mut String, label: &str, found: &Found) {
     let servers: Vec<String> = found.upstreams.iter().map(ToString::to_string).collect();
+    let (servers, source) = (servers.join(" "), &found.source);
     let _ = match &found.problem {
-        None => writeln!(
-            out,
-            "  {label:<40} {}  (from {})",
-            servers.join(" "),
-            found.source
-        ),
+        None => writeln!(out, "  {label:<40} {servers}  (from {source})"),
         Some(why) => writeln!(out, "  {label:<40} NONE: {why}"),
     };
 }
@@ -114,12 +110,8 @@ pub fn text(config: &Config, r: &Report) -> String {
     ] {
         let routes = config.routes_shown(listener);
         let _ = writeln!(out, "{} listener {addr}", listener.name());
-        let _ = writeln!(
-            out,
-            "  {:<40} {}",
-            "routes (longest match wins):",
-            routes.join(" ")
-        );
+        let (label, shown) = ("routes (longest match wins):", routes.join(" "));
+        let _ = writeln!(out, "  {label:<40} {shown}");
         if routes.iter().any(|r| r.ends_with("=VnetDNS")) {
             line(&mut out, "VNet DNS:", &r.vnet_dns);
         }
