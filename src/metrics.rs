@@ -274,12 +274,8 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
         match samples {
             Samples::PerListener(get) => {
                 for l in ListenerRole::BOTH {
-                    let _ = writeln!(
-                        o,
-                        "{name}{{listener=\"{}\"}} {}",
-                        l.name(),
-                        get(counters.listener(l))
-                    );
+                    let n = get(counters.listener(l));
+                    let _ = writeln!(o, "{name}{{listener=\"{}\"}} {n}", l.name());
                 }
             }
             Samples::PerUpstream(get) => {
