@@ -149,13 +149,13 @@ macro_rules! flag {
 #[allow(clippy::unit_arg)]
 pub static FLAGS: &[Flag] = &[
     flag!("--node-listen", "ADDR", "node listener, UDP and TCP",
-        |c, v| Ok(c.node_listen = parse_addr("--node-listen", v)?), |c| c.node_listen.to_string()),
+        |c, v| Ok(c.node_listen = parse_addr(v)?), |c| c.node_listen.to_string()),
     flag!("--cluster-listen", "ADDR", "cluster listener, UDP and TCP",
-        |c, v| Ok(c.cluster_listen = parse_addr("--cluster-listen", v)?), |c| c.cluster_listen.to_string()),
+        |c, v| Ok(c.cluster_listen = parse_addr(v)?), |c| c.cluster_listen.to_string()),
     flag!("--node-upstream", "ADDR", "a VNet DNS server; repeat for several (IP, IP:PORT or [IPv6]:PORT); turns its discovery off",
-        |c, v| Ok(c.node_upstreams.push(parse_addr("--node-upstream", v)?)), |_| "discovered".into()),
+        |c, v| Ok(c.node_upstreams.push(parse_addr(v)?)), |_| "discovered".into()),
     flag!("--cluster-upstream", "ADDR", "a kube-dns server (backend or ClusterIP); repeat for several; turns its discovery off",
-        |c, v| Ok(c.cluster_upstreams.push(parse_addr("--cluster-upstream", v)?)), |_| "discovered".into()),
+        |c, v| Ok(c.cluster_upstreams.push(parse_addr(v)?)), |_| "discovered".into()),
     flag!("--resolv-conf", "PATH", "where the VNet DNS servers are listed",
         |c, v| Ok(c.discovery.resolv_conf = v.into()), |c| c.discovery.resolv_conf.display().to_string()),
     flag!("--dhcp-leases", "DIR", "systemd-networkd's DHCP leases: the VNet DNS while --resolv-conf lists none; none turns them off",
@@ -165,56 +165,56 @@ pub static FLAGS: &[Flag] = &[
         |c, v| Ok(c.discovery.hosts_file = (v != "none").then(|| v.into())),
         |c| c.discovery.hosts_file.as_ref().map_or("none".into(), |d| d.display().to_string())),
     flag!("--discovery", "LIST", "where to look for kube-dns, in order, comma-separated, or none",
-        |c, v| Ok(c.discovery.sources = Source::parse_list(v).map_err(|e| format!("--discovery: {e}"))?),
+        |c, v| Ok(c.discovery.sources = Source::parse_list(v)?),
         |c| c.discovery.sources.iter().map(|s| s.name()).collect::<Vec<_>>().join(",")),
     flag!("--kube-dns-service", "NS/NAME", "the service whose backends are kube-dns",
         |c, v| Ok(c.discovery.service = parse_service(v)?), |c| c.discovery.service.to_string()),
     flag!("--cluster-ip", "IP", "the kube-dns ClusterIP: selects the ipvs virtual service, and is the last-resort upstream",
-        |c, v| Ok(c.discovery.cluster_ip = Some(v.parse().map_err(|_| format!("--cluster-ip {v:?}: expected an IP address"))?)),
+        |c, v| Ok(c.discovery.cluster_ip = Some(v.parse().map_err(|_| "expected an IP address")?)),
         |_| "learned".into()),
     flag!("--cilium-socket", "PATH", "the Cilium agent's API socket",
         |c, v| Ok(c.discovery.cilium_socket = v.into()), |c| c.discovery.cilium_socket.display().to_string()),
     flag!("--rediscover-interval", "DUR", "how often kube-dns is looked for again while serving",
-        |c, v| Ok(c.discovery.interval = parse_duration("--rediscover-interval", v)?), |c| show_duration(c.discovery.interval)),
+        |c, v| Ok(c.discovery.interval = parse_duration(v)?), |c| show_duration(c.discovery.interval)),
     flag!("--cluster-domain", "NAME", "the default route to kube-dns of both listeners (a shorthand for the overrides below)",
         |c, v| {
-            wire::encode_name(v).map_err(|e| format!("--cluster-domain {v:?}: {e}"))?;
+            wire::encode_name(v).map_err(|e| e.to_string())?;
             Ok(c.cluster_domain = v.trim_end_matches('.').to_ascii_lowercase())
         },
         |c| c.cluster_domain.clone()),
     flag!("--vnet-dns-override", "DOMAIN=DEST", "on the node listener, send DOMAIN and the names under it to DEST: VnetDNS or ClusterCoreDNS; repeatable, the longest match wins",
-        |c, v| override_route(c, ListenerRole::Node, "--vnet-dns-override", v), |c| show_overrides(c, ListenerRole::Node)),
+        |c, v| override_route(c, ListenerRole::Node, v), |c| show_overrides(c, ListenerRole::Node)),
     flag!("--kube-dns-override", "DOMAIN=DEST", "the same on the cluster listener",
-        |c, v| override_route(c, ListenerRole::Cluster, "--kube-dns-override", v), |c| show_overrides(c, ListenerRole::Cluster)),
+        |c, v| override_route(c, ListenerRole::Cluster, v), |c| show_overrides(c, ListenerRole::Cluster)),
     flag!("--upstream-timeout", "DUR", "budget for one try at one upstream; then the next is tried",
-        |c, v| Ok(c.engine.upstream_timeout = parse_duration("--upstream-timeout", v)?), |c| show_duration(c.engine.upstream_timeout)),
+        |c, v| Ok(c.engine.upstream_timeout = parse_duration(v)?), |c| show_duration(c.engine.upstream_timeout)),
     flag!("--query-timeout", "DUR", "budget for a whole query; the client gets SERVFAIL (or stale) after it",
-        |c, v| Ok(c.engine.query_timeout = parse_duration("--query-timeout", v)?), |c| show_duration(c.engine.query_timeout)),
+        |c, v| Ok(c.engine.query_timeout = parse_duration(v)?), |c| show_duration(c.engine.query_timeout)),
     flag!("--max-inflight", "N", "queries (UDP and TCP) in flight per relay thread, one upstream group at most three quarters; beyond it: REFUSED",
-        |c, v| Ok(c.engine.max_inflight = parse_count("--max-inflight", v, 1, 1 << 20)?), |c| c.engine.max_inflight.to_string()),
+        |c, v| Ok(c.engine.max_inflight = parse_count(v, 1, 1 << 20)?), |c| c.engine.max_inflight.to_string()),
     flag!("--max-tcp-connections", "N", "TCP client connections per listener; beyond it the idlest is closed",
-        |c, v| Ok(c.max_tcp_connections = parse_count("--max-tcp-connections", v, 1, 1 << 16)?), |c| c.max_tcp_connections.to_string()),
+        |c, v| Ok(c.max_tcp_connections = parse_count(v, 1, 1 << 16)?), |c| c.max_tcp_connections.to_string()),
     flag!("--tcp-idle-timeout", "DUR", "close a TCP client that sends no whole query for this long",
-        |c, v| Ok(c.tcp_idle_timeout = parse_duration("--tcp-idle-timeout", v)?), |c| show_duration(c.tcp_idle_timeout)),
+        |c, v| Ok(c.tcp_idle_timeout = parse_duration(v)?), |c| show_duration(c.tcp_idle_timeout)),
     flag!("--cache-size", "N", "answers kept in the cache; 0 turns the cache (and coalescing) off",
-        |c, v| Ok(c.cache.entries = parse_count("--cache-size", v, 0, 1 << 24)?), |c| c.cache.entries.to_string()),
+        |c, v| Ok(c.cache.entries = parse_count(v, 0, 1 << 24)?), |c| c.cache.entries.to_string()),
     flag!("--cache-bytes", "SIZE", "memory the cache may use, e.g. 32M or 512K",
-        |c, v| Ok(c.cache.bytes = parse_size("--cache-bytes", v)?), |c| show_size(c.cache.bytes)),
+        |c, v| Ok(c.cache.bytes = parse_size(v)?), |c| show_size(c.cache.bytes)),
     flag!("--cache-min-ttl", "DUR", "keep answers at least this long, whatever their TTL (0 allowed)",
-        |c, v| Ok(c.cache.min_ttl = parse_duration_or_zero("--cache-min-ttl", v)?), |c| show_duration(c.cache.min_ttl)),
+        |c, v| Ok(c.cache.min_ttl = parse_duration_or_zero(v)?), |c| show_duration(c.cache.min_ttl)),
     flag!("--cache-max-ttl", "DUR", "keep answers at most this long",
-        |c, v| Ok(c.cache.max_ttl = parse_duration("--cache-max-ttl", v)?), |c| show_duration(c.cache.max_ttl)),
+        |c, v| Ok(c.cache.max_ttl = parse_duration(v)?), |c| show_duration(c.cache.max_ttl)),
     flag!("--serve-stale", "DUR", "when upstreams fail, answer from entries expired up to this long ago, TTL 30; 0 turns it off",
-        |c, v| Ok(c.cache.max_stale = parse_duration_or_zero("--serve-stale", v)?), |c| show_duration(c.cache.max_stale)),
+        |c, v| Ok(c.cache.max_stale = parse_duration_or_zero(v)?), |c| show_duration(c.cache.max_stale)),
     flag!("--upstream-sockets", "N", "UDP sockets (random source ports) per upstream and relay thread",
-        |c, v| Ok(c.engine.udp_sockets_per_upstream = parse_count("--upstream-sockets", v, 1, 256)?),
+        |c, v| Ok(c.engine.udp_sockets_per_upstream = parse_count(v, 1, 256)?),
         |c| c.engine.udp_sockets_per_upstream.to_string()),
     flag!("--udp-threads", "N", "relay threads per listener, sharing its socket",
-        |c, v| Ok(c.udp_threads = parse_count("--udp-threads", v, 1, 64)?), |c| c.udp_threads.to_string()),
+        |c, v| Ok(c.udp_threads = parse_count(v, 1, 64)?), |c| c.udp_threads.to_string()),
     flag!("--bind-timeout", "DUR", "how long to keep retrying a busy listener address",
-        |c, v| Ok(c.bind_timeout = parse_duration("--bind-timeout", v)?), |c| show_duration(c.bind_timeout)),
+        |c, v| Ok(c.bind_timeout = parse_duration(v)?), |c| show_duration(c.bind_timeout)),
     flag!("--metrics", "ADDR", "serve Prometheus metrics at http://ADDR/metrics",
-        |c, v| Ok(c.metrics = Some(v.parse().map_err(|_| format!("--metrics {v:?}: expected IP:PORT"))?)),
+        |c, v| Ok(c.metrics = Some(v.parse().map_err(|_| "expected IP:PORT")?)),
         |c| c.metrics.map_or("off".into(), |m| m.to_string())),
     flag!("--standby", "", "run beside LocalDNS: serve only while it does not, hand back when it does again",
         |c, _| Ok(c.standby = true), |c| if c.standby { "on" } else { "off" }.into()),
@@ -223,50 +223,38 @@ pub static FLAGS: &[Flag] = &[
     flag!("--allow-wildcard", "", "allow a wildcard listen address (0.0.0.0, ::), which would answer on every interface",
         |c, _| Ok(c.allow_wildcard = true), |c| if c.allow_wildcard { "on" } else { "off" }.into()),
     flag!("--log-level", "LEVEL", "error, warn, info, debug or trace",
-        |c, v| Ok(c.log_level = v.parse().map_err(|_| format!("--log-level {v:?}: expected error, warn, info, debug or trace"))?),
+        |c, v| Ok(c.log_level = v.parse().map_err(|_| "expected error, warn, info, debug or trace")?),
         |c| c.log_level.to_string().to_ascii_lowercase()),
 ];
 
 /// `DOMAIN=VnetDNS|ClusterCoreDNS` (the AKS profile's `forwardDestination` names; `.` is every
 /// name): one more route for `listener`. The same domain twice is an error unless it says the
 /// same both times.
-fn override_route(
-    c: &mut Config,
-    listener: ListenerRole,
-    flag: &str,
-    v: &str,
-) -> Result<(), String> {
-    let bad = |why: &str| format!("{flag} {v:?}: {why}");
+fn override_route(c: &mut Config, listener: ListenerRole, v: &str) -> Result<(), String> {
     let (domain, dest) = v
         .split_once('=')
-        .ok_or_else(|| bad("expected DOMAIN=VnetDNS or DOMAIN=ClusterCoreDNS"))?;
-    let group = match dest.to_ascii_lowercase().as_str() {
-        "vnetdns" => UpstreamGroup::VnetDns,
-        "clustercoredns" => UpstreamGroup::KubeDns,
-        _ => return Err(bad("the destination is VnetDNS or ClusterCoreDNS")),
-    };
+        .ok_or("expected DOMAIN=VnetDNS or DOMAIN=ClusterCoreDNS")?;
+    let group = UpstreamGroup::BOTH
+        .into_iter()
+        .find(|&g| dest_name(g).eq_ignore_ascii_case(dest))
+        .ok_or("the destination is VnetDNS or ClusterCoreDNS")?;
     let domain = match domain.trim_end_matches('.').to_ascii_lowercase() {
         d if d.is_empty() && domain == "." => ".".to_string(),
-        d if d.is_empty() => return Err(bad("no domain before the =")),
+        d if d.is_empty() => return Err("no domain before the =".into()),
         d => {
-            wire::encode_name(&d).map_err(|e| bad(&e.to_string()))?;
+            wire::encode_name(&d).map_err(|e| e.to_string())?;
             d
         }
     };
-    match c
-        .overrides
-        .iter()
-        .find(|(l, d, _)| *l == listener && *d == domain)
-    {
-        Some(&(_, _, was)) if was != group => {
-            Err(bad(&format!("{domain} is already sent elsewhere")))
+    let given = |(l, d, _): &&(ListenerRole, String, _)| *l == listener && *d == domain;
+    match c.overrides.iter().find(given) {
+        Some(&(.., was)) if was != group => {
+            return Err(format!("{domain} is already sent elsewhere"));
         }
-        Some(_) => Ok(()),
-        None => {
-            c.overrides.push((listener, domain, group));
-            Ok(())
-        }
+        Some(_) => {}
+        None => c.overrides.push((listener, domain, group)),
     }
+    Ok(())
 }
 
 fn show_overrides(c: &Config, listener: ListenerRole) -> String {
@@ -394,7 +382,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
             (false, Some(v)) => v,
             (false, None) => args.next().ok_or_else(|| format!("{name} needs a value"))?,
         };
-        (flag.set)(&mut config, &value)?;
+        (flag.set)(&mut config, &value).map_err(|why| format!("{name} {value:?}: {why}"))?;
     }
     config.engine.routes = routes(&config);
     check(&config)?;
@@ -415,7 +403,7 @@ fn parse_service(s: &str) -> Result<ServiceName, String> {
                 name: name.into(),
             })
         }
-        _ => Err(format!("--kube-dns-service {s:?}: expected NAMESPACE/NAME")),
+        _ => Err("expected NAMESPACE/NAME".into()),
     }
 }
 
@@ -471,23 +459,23 @@ fn check(c: &Config) -> Result<(), String> {
 }
 
 /// `IP`, `IP:PORT` or `[IPv6]:PORT`; a bare IP means port 53.
-pub fn parse_addr(flag: &str, s: &str) -> Result<SocketAddr, String> {
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     s.parse::<SocketAddr>()
         .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-        .map_err(|_| format!("{flag} {s:?}: expected IP, IP:PORT or [IPv6]:PORT"))
+        .map_err(|_| "expected IP, IP:PORT or [IPv6]:PORT".into())
 }
 
 /// Like `parse_duration`, but a bare `0` means zero (off).
-fn parse_duration_or_zero(flag: &str, s: &str) -> Result<Duration, String> {
+fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
     match s {
         "0" => Ok(Duration::ZERO),
-        _ => parse_duration(flag, s),
+        _ => parse_duration(s),
     }
 }
 
 /// Bytes, with an optional K, M or G suffix (powers of 1024).
-fn parse_size(flag: &str, s: &str) -> Result<usize, String> {
-    let bad = || format!("{flag} {s:?}: expected a size such as 32M, 512K or 1048576");
+fn parse_size(s: &str) -> Result<usize, String> {
+    let bad = || "expected a size such as 32M, 512K or 1048576".to_string();
     let (digits, shift) = match s.as_bytes().last() {
         Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
         Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
@@ -498,8 +486,8 @@ fn parse_size(flag: &str, s: &str) -> Result<usize, String> {
     n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(bad)
 }
 
-pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
-    let bad = || format!("{flag} {s:?}: expected a duration such as 500ms, 2s, 1m or 1h");
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || "expected a duration such as 500ms, 2s, 1m or 1h".to_string();
     let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (number, unit) = s.split_at(split);
     let n: u64 = number.parse().map_err(|_| bad())?;
@@ -511,17 +499,15 @@ pub fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
         _ => return Err(bad()),
     };
     if d.is_zero() {
-        return Err(format!("{flag} {s:?}: must be more than zero"));
+        return Err("must be more than zero".into());
     }
     Ok(d)
 }
 
-fn parse_count(flag: &str, s: &str, min: usize, max: usize) -> Result<usize, String> {
+fn parse_count(s: &str, min: usize, max: usize) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{flag} {s:?}: expected a whole number from {min} to {max}"
-        )),
+        _ => Err(format!("expected a whole number from {min} to {max}")),
     }
 }
 

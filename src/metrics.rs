@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -17,6 +17,7 @@ use crate::flows::Cause;
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 use crate::stats::{
     Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, Takeovers, UpstreamStats,
+    unix_secs,
 };
 use crate::upstream::UpstreamSets;
 
@@ -130,10 +131,7 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_hosts_reload_timestamp_seconds",
         help: "When the hosts file was last read, since the Unix epoch; 0 for never.",
-        samples: Samples::One(|s| {
-            let read = s.sets.hosts.read_at.map(|t| t.duration_since(UNIX_EPOCH));
-            read.and_then(Result::ok).unwrap_or_default().as_secs_f64()
-        }),
+        samples: Samples::One(|s| s.sets.hosts.read_at.map_or(0.0, unix_secs)),
     },
     Series {
         name: "localdns_fallback_cache_entries",
@@ -238,10 +236,7 @@ const SERIES: &[Series] = &[
     Series {
         name: "process_start_time_seconds",
         help: "Start time of the process since the Unix epoch.",
-        samples: Samples::One(|s| {
-            let started = s.counters.started.duration_since(UNIX_EPOCH);
-            started.unwrap_or_default().as_secs_f64()
-        }),
+        samples: Samples::One(|s| unix_secs(s.counters.started)),
     },
 ];
 
@@ -279,12 +274,8 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
         match samples {
             Samples::PerListener(get) => {
                 for l in ListenerRole::BOTH {
-                    let _ = writeln!(
-                        o,
-                        "{name}{{listener=\"{}\"}} {}",
-                        l.name(),
-                        get(counters.listener(l))
-                    );
+                    let n = get(counters.listener(l));
+                    let _ = writeln!(o, "{name}{{listener=\"{}\"}} {n}", l.name());
                 }
             }
             Samples::PerUpstream(get) => {
@@ -381,6 +372,7 @@ fn parse_request_line(head: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn histogram_buckets_are_cumulative() {

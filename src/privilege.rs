@@ -7,13 +7,10 @@
 
 use caps::{CapSet, Capability, CapsHashSet};
 
-pub const CAP_NET_ADMIN: u32 = 12;
-pub const CAP_NET_RAW: u32 = 13;
-
 /// Keeps exactly the capabilities in `keep` (effective and permitted), clears inheritable and
 /// ambient ones, and removes every other capability from the bounding set.
-pub fn keep_only(keep: &[u32]) -> Result<(), String> {
-    let kept = |cap: &Capability| keep.contains(&u32::from(cap.index()));
+pub fn keep_only(keep: &[Capability]) -> Result<(), String> {
+    let kept = |cap: &Capability| keep.contains(cap);
     // The bounding set first: dropping from it needs CAP_SETPCAP, which the sets below remove.
     // Capabilities the service manager already left out of it need no dropping.
     let bounding = caps::read(None, CapSet::Bounding)
@@ -37,15 +34,4 @@ pub fn keep_only(keep: &[u32]) -> Result<(), String> {
             .map_err(|e| format!("cannot set the {set:?} capabilities: {e}"))?;
     }
     Ok(())
-}
-
-/// Capability names for the log.
-pub fn names(kept: &[u32]) -> Vec<&'static str> {
-    kept.iter()
-        .map(|&c| match c {
-            CAP_NET_ADMIN => "CAP_NET_ADMIN",
-            CAP_NET_RAW => "CAP_NET_RAW",
-            _ => "other",
-        })
-        .collect()
 }

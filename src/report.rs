@@ -7,6 +7,7 @@ use crate::cli::Config;
 use crate::discover::{explain, find_kube_dns, hosts, leases, resolv_conf};
 use crate::hosts::Hosts;
 use crate::roles::ListenerRole;
+use crate::stats::unix_secs;
 
 /// One group's upstreams, where they came from, and why there are none if so (in `--json` as
 /// it is: the addresses as text, the problem null when there is none).
@@ -82,38 +83,21 @@ fn vnet_dns(config: &Config) -> Found {
         Ok(_) => format!("{} lists no VNet DNS server", d.resolv_conf.display()),
         Err(e) => e,
     };
-    let none = |problem: String| Found {
-        upstreams: Vec::new(),
-        source,
-        problem: Some(problem),
-    };
-    let Some(dir) = &d.dhcp_leases else {
-        return none(format!(
-            "{why}; the DHCP leases are not used (--dhcp-leases none)"
-        ));
-    };
-    match leases::read(dir, &skip) {
-        Ok(upstreams) if !upstreams.is_empty() => Found::ok(
-            upstreams,
-            format!("DHCP leases {}, while {why}", dir.display()),
-        ),
-        Ok(_) => none(format!(
-            "{why}; {} name no DNS server either",
-            dir.display()
-        )),
-        Err(e) => none(format!("{why}; {e}")),
+    match leases::servers(d.dhcp_leases.as_deref(), &skip) {
+        Ok((upstreams, from)) => Found::ok(upstreams, format!("{from}, while {why}")),
+        Err(e) => Found {
+            upstreams: Vec::new(),
+            source,
+            problem: Some(format!("{why}; {e}")),
+        },
     }
 }
 
 fn line(out: &mut String, label: &str, found: &Found) {
     let servers: Vec<String> = found.upstreams.iter().map(ToString::to_string).collect();
+    let (servers, source) = (servers.join(" "), &found.source);
     let _ = match &found.problem {
-        None => writeln!(
-            out,
-            "  {label:<40} {}  (from {})",
-            servers.join(" "),
-            found.source
-        ),
+        None => writeln!(out, "  {label:<40} {servers}  (from {source})"),
         Some(why) => writeln!(out, "  {label:<40} NONE: {why}"),
     };
 }
@@ -126,12 +110,8 @@ pub fn text(config: &Config, r: &Report) -> String {
     ] {
         let routes = config.routes_shown(listener);
         let _ = writeln!(out, "{} listener {addr}", listener.name());
-        let _ = writeln!(
-            out,
-            "  {:<40} {}",
-            "routes (longest match wins):",
-            routes.join(" ")
-        );
+        let (label, shown) = ("routes (longest match wins):", routes.join(" "));
+        let _ = writeln!(out, "  {label:<40} {shown}");
         if routes.iter().any(|r| r.ends_with("=VnetDNS")) {
             line(&mut out, "VNet DNS:", &r.vnet_dns);
         }
@@ -149,17 +129,12 @@ pub fn text(config: &Config, r: &Report) -> String {
             "hosts file {path}: {} entries, {} lines skipped, read at {} (Unix time)",
             h.len(),
             h.skipped,
-            unix(h),
+            h.read_at.map_or(0.0, unix_secs) as u64,
         ),
         (Some(Err(e)), _) => writeln!(out, "hosts file: {e}; its names are forwarded"),
         _ => writeln!(out, "hosts file: none (--hosts-file none)"),
     };
     out
-}
-
-fn unix(h: &Hosts) -> u64 {
-    let since = h.read_at.map(|t| t.duration_since(std::time::UNIX_EPOCH));
-    since.and_then(Result::ok).unwrap_or_default().as_secs()
 }
 
 pub fn json(config: &Config, r: &Report) -> String {
@@ -182,7 +157,7 @@ pub fn json(config: &Config, r: &Report) -> String {
                 "path": config.discovery.hosts_file,
                 "entries": h.len(),
                 "lines_skipped": h.skipped,
-                "read_at": unix(h),
+                "read_at": h.read_at.map_or(0.0, unix_secs) as u64,
             }),
             Some(Err(e)) => serde_json::json!({
                 "path": config.discovery.hosts_file,

@@ -19,9 +19,11 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use crate::cli::{self, Command, Config};
+use crate::discover::tool::side_by_side;
 use crate::flows::Cause;
 use crate::roles::ListenerRole;
 use crate::standby::probe::{Prober, Seen};
+use crate::stats::unix_secs;
 
 /// Rounds asked of each listener; one answer is enough, as for LocalDNS's own probe.
 const ROUNDS: u32 = 3;
@@ -87,14 +89,8 @@ struct Look {
 }
 
 fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
-    let answered = std::thread::scope(|s| {
-        let node = s.spawn(|| answers(listeners[0]));
-        let cluster = answers(listeners[1]);
-        let node = node
-            .join()
-            .unwrap_or_else(|_| Err("the probe panicked".into()));
-        Ok::<_, String>([node?, cluster?])
-    })?;
+    let (node, cluster) = side_by_side(|| answers(listeners[0]), || answers(listeners[1]));
+    let answered = [node?, cluster?];
     let daemons = daemons(&listeners)?
         .into_iter()
         .map(|d| {
@@ -260,10 +256,7 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
         named.join(" and ")
     };
     let silent = which(look.answered, false);
-    let now = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
+    let now = unix_secs(now);
     for (daemon, said) in &look.daemons {
         let Ok(p) = said else { continue };
         if !p.holding.contains(&true) {

@@ -30,10 +30,7 @@ impl FrameDecoder {
 
     /// Adds bytes read from the stream.
     pub fn feed(&mut self, bytes: &[u8]) {
-        if self.start > 0 && self.start == self.buf.len() {
-            self.buf.clear();
-            self.start = 0;
-        } else if self.start > 4096 {
+        if self.start == self.buf.len() || self.start > 4096 {
             self.buf.drain(..self.start);
             self.start = 0;
         }

@@ -121,11 +121,7 @@ impl Hosts {
         } else {
             self.by_name.partition_point(|r| self.name(r) < &*key)
         };
-        let to = from
-            + self.by_name[from..]
-                .iter()
-                .take_while(|r| self.name(r) == &*key)
-                .count();
+        let to = from + self.by_name[from..].partition_point(|r| self.name(r) == &*key);
         self.by_name[from..to].iter().map(|r| r.2)
     }
 

@@ -100,6 +100,12 @@ pub struct Takeovers {
     last_handed: AtomicU64,
 }
 
+/// Seconds since the Unix epoch; 0 for a time before it.
+pub fn unix_secs(at: SystemTime) -> f64 {
+    let since = at.duration_since(SystemTime::UNIX_EPOCH);
+    since.unwrap_or_default().as_secs_f64()
+}
+
 fn unix_millis(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

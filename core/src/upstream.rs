@@ -26,6 +26,7 @@
 //! Nothing here logs or reads the clock after creation: callers pass `now` and learn of changes
 //! from the return values.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -118,8 +119,7 @@ impl UpstreamSet {
     /// `now` the set will be given.
     #[cfg(any(test, feature = "rig"))]
     pub fn new(addrs: Vec<SocketAddr>, epoch: Instant) -> UpstreamSet {
-        let stats = addrs.iter().map(|_| Arc::default()).collect();
-        UpstreamSet::with_stats(addrs, stats, epoch)
+        UpstreamSet::with_stats(addrs, |_| Arc::default(), epoch)
     }
 
     /// A set counting into `counters`, where the counters of a server stay across set changes.
@@ -129,31 +129,28 @@ impl UpstreamSet {
         counters: &Counters,
         epoch: Instant,
     ) -> UpstreamSet {
-        let stats = addrs.iter().map(|a| counters.upstream(group, *a)).collect();
-        UpstreamSet::with_stats(addrs, stats, epoch)
+        UpstreamSet::with_stats(addrs, |a| counters.upstream(group, a), epoch)
     }
 
     fn with_stats(
         addrs: Vec<SocketAddr>,
-        stats: Vec<Arc<UpstreamStats>>,
+        stats: impl Fn(SocketAddr) -> Arc<UpstreamStats>,
         epoch: Instant,
     ) -> UpstreamSet {
         // A server listed twice would stay "healthy" through its second entry after the first
         // was marked suspect; each server is listed once, first place kept.
         let mut unique: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
-        let mut unique_stats = Vec::with_capacity(addrs.len());
-        for (addr, stat) in addrs.into_iter().zip(stats) {
+        for addr in addrs {
             if !unique.contains(&addr) {
                 unique.push(addr);
-                unique_stats.push(stat);
             }
         }
         UpstreamSet {
             health: unique.iter().map(|_| Health::default()).collect(),
+            stats: unique.iter().map(|a| stats(*a)).collect(),
             addrs: unique,
             cursor: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
-            stats: unique_stats,
             epoch,
         }
     }
@@ -190,15 +187,7 @@ impl UpstreamSet {
         let n = self.addrs.len();
         // One division per try, not one per server visited in each of the passes below.
         let start = start.checked_rem(n).unwrap_or(0);
-        let order = move || {
-            (0..n).map(move |k| {
-                if start + k < n {
-                    start + k
-                } else {
-                    start + k - n
-                }
-            })
-        };
+        let order = move || (start..n).chain(0..start);
         let choice = |i: usize, probe| Choice {
             addr: self.addrs[i],
             probe,
@@ -283,13 +272,8 @@ impl UpstreamSet {
     /// Same servers, whatever the order? (Sources may list backends in another order each time;
     /// that is not a change worth a swap and a log line.)
     pub fn same_servers(&self, other: &[SocketAddr]) -> bool {
-        let sorted = |s: &[SocketAddr]| {
-            let mut v = s.to_vec();
-            v.sort();
-            v.dedup();
-            v
-        };
-        sorted(&self.addrs) == sorted(other)
+        let set = |s: &[SocketAddr]| s.iter().copied().collect::<BTreeSet<_>>();
+        set(&self.addrs) == set(other)
     }
 
     fn index(&self, addr: SocketAddr) -> Option<usize> {

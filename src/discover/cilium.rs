@@ -241,13 +241,9 @@ pub fn parse_http_response(bytes: &[u8]) -> Result<Vec<u8>, String> {
             .take(200)
             .filter(|c| !c.is_control())
             .collect();
-        let detail = if detail.is_empty() {
-            detail
-        } else {
-            format!(": {detail}")
-        };
+        let colon = if detail.is_empty() { "" } else { ": " };
         return Err(format!(
-            "the Cilium agent answered \"{status_line}\"{detail}"
+            "the Cilium agent answered \"{status_line}\"{colon}{detail}"
         ));
     }
     body

@@ -5,7 +5,6 @@
 //! between datagrams; queries in flight finish against the set they started with.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,6 +48,7 @@ pub async fn follow(
     first_pass: oneshot::Sender<()>,
 ) {
     let settings = Arc::new(settings);
+    let out = Publisher { publish, metrics };
     let mut first_pass = Some(first_pass);
     let mut node = VnetDnsFollower::new(&settings, listeners);
     let mut hosts_file = hosts::Follower::new(settings.hosts_file.clone());
@@ -58,18 +58,14 @@ pub async fn follow(
     let mut failures_at_look = 0;
     loop {
         if let Some(table) = hosts_file.check() {
-            let hosts = Arc::new(table);
-            let sets = UpstreamSets {
-                hosts,
-                ..UpstreamSets::clone(&publish.borrow())
-            };
-            publish.send_replace(Arc::new(sets));
+            out.publish
+                .send_modify(|sets| Arc::make_mut(sets).hosts = Arc::new(table));
         }
         if owned.node {
-            node.check(&publish, &metrics);
+            node.check(&out);
         }
         if owned.cluster {
-            let failures = publish.borrow().kube_dns.failures();
+            let failures = out.publish.borrow().kube_dns.failures();
             let pace = look_took * LOOK_DUTY;
             let due = last_look.is_none_or(|t| {
                 let since = t.elapsed();
@@ -83,7 +79,7 @@ pub async fn follow(
                 failures_at_look = failures;
                 let s = settings.clone();
                 if let Ok(finding) = tokio::task::spawn_blocking(move || find_kube_dns(&s)).await {
-                    cluster_update(&publish, &metrics, &settings, finding, &mut cluster_said);
+                    cluster_update(&out, &settings, finding, &mut cluster_said);
                 }
                 look_took = started.elapsed();
             }
@@ -91,7 +87,7 @@ pub async fn follow(
         if let Some(tx) = first_pass.take() {
             let _ = tx.send(());
         }
-        let next = if owned.node && publish.borrow().vnet_dns.is_empty() {
+        let next = if owned.node && out.publish.borrow().vnet_dns.is_empty() {
             RESOLV_CONF_CHECK_WHILE_NONE
         } else {
             RESOLV_CONF_CHECK
@@ -104,8 +100,8 @@ pub async fn follow(
 /// no usable server and none of its servers were ever in force.
 #[derive(Default)]
 struct VnetDnsFollower {
-    resolv_conf: PathBuf,
-    leases: Option<PathBuf>,
+    /// Where resolv.conf and the DHCP leases are.
+    settings: Arc<Settings>,
     /// Our own listener addresses: never an upstream (the loop guard).
     listeners: Vec<IpAddr>,
     resolv_stamp: Option<resolv_conf::Stamp>,
@@ -120,10 +116,9 @@ struct VnetDnsFollower {
 }
 
 impl VnetDnsFollower {
-    fn new(settings: &Settings, listeners: Vec<IpAddr>) -> VnetDnsFollower {
+    fn new(settings: &Arc<Settings>, listeners: Vec<IpAddr>) -> VnetDnsFollower {
         VnetDnsFollower {
-            resolv_conf: settings.resolv_conf.clone(),
-            leases: settings.dhcp_leases.clone(),
+            settings: settings.clone(),
             listeners,
             ..VnetDnsFollower::default()
         }
@@ -131,17 +126,15 @@ impl VnetDnsFollower {
 
     /// A `stat` of resolv.conf (and of the lease directory while it is in use); a file is read
     /// only when it changed or is missing.
-    fn check(&mut self, publish: &watch::Sender<Arc<UpstreamSets>>, metrics: &Counters) {
-        let stamp = resolv_conf::stamp(&self.resolv_conf);
+    fn check(&mut self, out: &Publisher) {
+        let stamp = resolv_conf::stamp(&self.settings.resolv_conf);
         let resolv_changed = stamp.is_none() || stamp != self.resolv_stamp;
         if resolv_changed {
             self.resolv_stamp = stamp;
-            let path = self.resolv_conf.display();
-            match resolv_conf::read(&self.resolv_conf, &self.listeners) {
+            let path = self.settings.resolv_conf.display();
+            match resolv_conf::read(&self.settings.resolv_conf, &self.listeners) {
                 Ok(servers) if !servers.is_empty() => {
-                    swap(
-                        publish,
-                        metrics,
+                    out.swap(
                         UpstreamGroup::VnetDns,
                         servers,
                         &format!("resolv.conf {path}"),
@@ -181,31 +174,27 @@ impl VnetDnsFollower {
             );
             return;
         }
-        let leases_said = match &self.leases {
-            None => "the DHCP leases are not used (--dhcp-leases none)".to_string(),
-            Some(dir) => {
-                // networkd replaces a lease by a rename, which changes the directory's stamp.
-                let stamp = resolv_conf::stamp(dir);
-                if !resolv_changed && stamp.is_some() && stamp == self.leases_stamp {
+        if let Some(dir) = &self.settings.dhcp_leases {
+            // networkd replaces a lease by a rename, which changes the directory's stamp.
+            let stamp = resolv_conf::stamp(dir);
+            if !resolv_changed && stamp.is_some() && stamp == self.leases_stamp {
+                return;
+            }
+            self.leases_stamp = stamp;
+        }
+        let leases_said =
+            match leases::servers(self.settings.dhcp_leases.as_deref(), &self.listeners) {
+                Ok((servers, source)) => {
+                    out.swap(UpstreamGroup::VnetDns, servers, &source);
+                    self.say(
+                        tracing::Level::INFO,
+                        format!("{why}; using the VNet DNS servers of the {source} meanwhile"),
+                    );
                     return;
                 }
-                self.leases_stamp = stamp;
-                let source = format!("DHCP leases {}", dir.display());
-                match leases::read(dir, &self.listeners) {
-                    Ok(servers) if !servers.is_empty() => {
-                        swap(publish, metrics, UpstreamGroup::VnetDns, servers, &source);
-                        self.say(
-                            tracing::Level::INFO,
-                            format!("{why}; using the VNet DNS servers of the {source} meanwhile"),
-                        );
-                        return;
-                    }
-                    Ok(_) => format!("{} name no DNS server either", dir.display()),
-                    Err(e) => e,
-                }
-            }
-        };
-        let serving = !publish.borrow().vnet_dns.is_empty();
+                Err(e) => e,
+            };
+        let serving = !out.publish.borrow().vnet_dns.is_empty();
         let then = if serving {
             "keeping the VNet DNS servers found before"
         } else {
@@ -231,20 +220,13 @@ impl VnetDnsFollower {
 }
 
 fn cluster_update(
-    publish: &watch::Sender<Arc<UpstreamSets>>,
-    metrics: &Counters,
+    out: &Publisher,
     settings: &Settings,
     finding: KubeDnsFinding,
     said: &mut Option<String>,
 ) {
     if let Some(source) = finding.source {
-        swap(
-            publish,
-            metrics,
-            UpstreamGroup::KubeDns,
-            finding.upstreams,
-            source.name(),
-        );
+        out.swap(UpstreamGroup::KubeDns, finding.upstreams, source.name());
         *said = None;
         return;
     }
@@ -254,7 +236,7 @@ fn cluster_update(
         explain(&finding.notes)
     );
     if said.as_deref() != Some(why.as_str()) {
-        if publish.borrow().kube_dns.is_empty() {
+        if out.publish.borrow().kube_dns.is_empty() {
             tracing::warn!("{why}; the cluster listener answers SERVFAIL until some are found");
         } else {
             tracing::warn!("{why}; keeping the kube-dns servers found before");
@@ -263,37 +245,39 @@ fn cluster_update(
     }
 }
 
-/// Publishes `servers` for `group` if they differ from the set in force.
-fn swap(
-    publish: &watch::Sender<Arc<UpstreamSets>>,
-    metrics: &Counters,
-    group: UpstreamGroup,
-    servers: Vec<SocketAddr>,
-    source: &str,
-) {
-    let current = publish.borrow().clone();
-    let old = current.get(group);
-    if old.same_servers(&servers) {
-        return;
+/// Where new upstream sets go, with the counters their servers count into.
+struct Publisher {
+    publish: watch::Sender<Arc<UpstreamSets>>,
+    metrics: Arc<Counters>,
+}
+
+impl Publisher {
+    /// Publishes `servers` for `group` if they differ from the set in force.
+    fn swap(&self, group: UpstreamGroup, servers: Vec<SocketAddr>, source: &str) {
+        let current = self.publish.borrow().clone();
+        let old = current.get(group);
+        if old.same_servers(&servers) {
+            return;
+        }
+        tracing::info!(
+            group = group.name(),
+            source,
+            old = ?old.addrs(),
+            new = ?servers,
+            "upstreams changed"
+        );
+        self.metrics.upstreams_changed(group, source);
+        let fresh = Arc::new(UpstreamSet::counted(
+            servers,
+            group,
+            &self.metrics,
+            Instant::now(),
+        ));
+        let mut sets = UpstreamSets::clone(&current);
+        match group {
+            UpstreamGroup::VnetDns => sets.vnet_dns = fresh,
+            UpstreamGroup::KubeDns => sets.kube_dns = fresh,
+        }
+        self.publish.send_replace(Arc::new(sets));
     }
-    tracing::info!(
-        group = group.name(),
-        source,
-        old = ?old.addrs(),
-        new = ?servers,
-        "upstreams changed"
-    );
-    metrics.upstreams_changed(group, source);
-    let fresh = Arc::new(UpstreamSet::counted(
-        servers,
-        group,
-        metrics,
-        Instant::now(),
-    ));
-    let mut sets = UpstreamSets::clone(&current);
-    match group {
-        UpstreamGroup::VnetDns => sets.vnet_dns = fresh,
-        UpstreamGroup::KubeDns => sets.kube_dns = fresh,
-    }
-    publish.send_replace(Arc::new(sets));
 }

@@ -26,40 +26,20 @@ pub struct ServiceRule {
 }
 
 /// Splits an `iptables -S` line into words; double-quoted words (comments) keep their spaces.
-fn words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut word = String::new();
-    let (mut quoted, mut in_word) = (false, false);
-    for c in line.chars() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                in_word = true;
-            }
-            c if c.is_whitespace() && !quoted => {
-                if in_word {
-                    out.push(std::mem::take(&mut word));
-                    in_word = false;
-                }
-            }
-            c => {
-                word.push(c);
-                in_word = true;
-            }
-        }
-    }
-    if in_word {
-        out.push(word);
-    }
-    out
+fn words(line: &str) -> Vec<&str> {
+    // Every other piece between quotes is quoted: one word, spaces and all.
+    line.split('"')
+        .enumerate()
+        .flat_map(|(i, piece)| match i % 2 {
+            1 => vec![piece],
+            _ => piece.split_whitespace().collect(),
+        })
+        .collect()
 }
 
-fn option<'a>(words: &'a [String], name: &str) -> Option<&'a str> {
-    words
-        .iter()
-        .position(|w| w == name)
-        .and_then(|i| words.get(i + 1))
-        .map(String::as_str)
+fn option<'a>(words: &[&'a str], name: &str) -> Option<&'a str> {
+    let at = words.iter().position(|w| *w == name)?;
+    words.get(at + 1).copied()
 }
 
 /// Finds the ClusterIP rule of `service`'s port `port_name` (`dns` or `dns-tcp`) in the

@@ -77,6 +77,16 @@ pub fn read(dir: &Path, skip: &[IpAddr]) -> Result<Vec<SocketAddr>, String> {
     Ok(out)
 }
 
+/// The VNet DNS servers of the leases in `dir` (`None`: `--dhcp-leases none`) and where they
+/// were found, or why there are none.
+pub fn servers(dir: Option<&Path>, skip: &[IpAddr]) -> Result<(Vec<SocketAddr>, String), String> {
+    let dir = dir.ok_or("the DHCP leases are not used (--dhcp-leases none)")?;
+    match read(dir, skip)? {
+        none if none.is_empty() => Err(format!("{} name no DNS server either", dir.display())),
+        servers => Ok((servers, format!("DHCP leases {}", dir.display()))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::resolv_conf::testing::{LISTENERS, parsed};

@@ -61,6 +61,11 @@ pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, St
     String::from_utf8(out).map_err(|_| format!("{} printed something that is not UTF-8", shown()))
 }
 
+/// What a thread that panicked yields (its panic was printed already).
+fn panicked<T>(_: Box<dyn std::any::Any + Send>) -> Result<T, String> {
+    Err("a discovery thread panicked".into())
+}
+
 /// Runs `a` and `b` at once (each typically waits on a tool) and returns both results: the first
 /// look for upstreams is on the way to READY=1 at a takeover, and tool runs cost milliseconds
 /// each. A closure that panics yields `Err`.
@@ -71,10 +76,7 @@ pub fn side_by_side<A: Send, B: Send>(
     std::thread::scope(|s| {
         let b = s.spawn(b);
         let a = a();
-        let b = b
-            .join()
-            .unwrap_or_else(|_| Err("a discovery thread panicked".into()));
-        (a, b)
+        (a, b.join().unwrap_or_else(panicked))
     })
 }
 
@@ -91,10 +93,7 @@ pub fn each_at_once<T: Sync, R: Send>(
         std::thread::scope(|s| {
             let running: Vec<_> = chunk.iter().map(|item| s.spawn(move || f(item))).collect();
             for r in running {
-                out.push(
-                    r.join()
-                        .unwrap_or_else(|_| Err("a discovery thread panicked".into())),
-                );
+                out.push(r.join().unwrap_or_else(panicked));
             }
         });
     }

@@ -52,8 +52,6 @@ pub async fn bind_listener(
             Ok((udp, tcp, bound, places)) => {
                 let udp: std::net::UdpSocket = udp.into();
                 let tcp: std::net::TcpListener = tcp.into();
-                tcp.set_nonblocking(true)
-                    .map_err(|e| format!("cannot make TCP socket {addr} non-blocking: {e}"))?;
                 let held = Held::new(bound, places, udp.as_fd(), tcp.as_fd())
                     .map_err(|e| format!("cannot keep the sockets of {addr}: {e}"))?;
                 let first = held.udp.index() == Some(0) && held.tcp.index() == Some(0);

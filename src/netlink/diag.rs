@@ -103,15 +103,11 @@ impl Diag {
         let mut read = Vec::with_capacity(groups.len());
         for &(addr, proto, ours) in groups {
             let key = (addr.port(), addr.is_ipv6(), proto);
-            let at = match dumps.iter().position(|(k, _)| *k == key) {
-                Some(at) => at,
-                None => {
-                    dumps.push((key, self.port(key.0, key.1, proto)?));
-                    dumps.len() - 1
-                }
-            };
-            let theirs: Looked = dumps[at]
-                .1
+            if !dumps.iter().any(|(k, _)| *k == key) {
+                dumps.push((key, self.port(key.0, key.1, proto)?));
+            }
+            let (_, dump) = dumps.iter().find(|(k, _)| *k == key).expect("dumped above");
+            let theirs: Looked = dump
                 .iter()
                 .filter(|(ip, m, _)| *ip == addr.ip() && m.inode != ours)
                 .map(|&(_, m, cgroup)| (m, cgroup))
@@ -129,18 +125,16 @@ impl Diag {
             v.sort_unstable();
             v
         };
-        let at = match self.keyed.iter().position(|k| k.group == group) {
-            Some(at) => at,
-            None => {
-                self.keyed.push(Keyed {
-                    group,
-                    theirs: Vec::new(),
-                    keys: None,
-                    reads: 0,
-                });
-                self.keyed.len() - 1
-            }
-        };
+        let at = self.keyed.iter().position(|k| k.group == group);
+        let at = at.unwrap_or_else(|| {
+            self.keyed.push(Keyed {
+                group,
+                theirs: Vec::new(),
+                keys: None,
+                reads: 0,
+            });
+            self.keyed.len() - 1
+        });
         // The same members whose ports stopped picking them: the kernel does not choose by
         // the hash alone there (SO_INCOMING_CPU), so this group is dumped until they change.
         let same = !theirs.is_empty() && inodes(&self.keyed[at].theirs) == inodes(theirs);

@@ -49,30 +49,16 @@ impl Netlink {
 
     /// Sends one request and returns the kernel's verdict from its acknowledgement.
     fn request(&self, kind: u16, flags: c_int, payload: &[u8]) -> nix::Result<()> {
-        const SEQ: u32 = 1;
         let mut msg = Vec::with_capacity(16 + payload.len());
         let flags = flags | NLM_F_REQUEST | NLM_F_ACK;
-        push_header(&mut msg, payload.len(), kind, flags, SEQ);
+        push_header(&mut msg, payload.len(), kind, flags, 1);
         msg.extend_from_slice(payload);
-        self.send(&msg)?;
-        let mut buf = vec![0u8; 8192];
-        loop {
-            let n = self.recv(&mut buf, MsgFlags::empty())?;
-            for m in messages(&buf[..n]) {
-                let m = m?;
-                if let (SEQ, Some(code)) = (m.seq, m.error()) {
-                    return if code == 0 {
-                        Ok(())
-                    } else {
-                        Err(Errno::from_raw(-code))
-                    };
-                }
-            }
-        }
+        self.dump(&msg, |_| {})
     }
 
-    /// Sends the dump request `msg` and hands `each` every message of the answer (those of the
-    /// request's sequence number) up to NLMSG_DONE; an NLMSG_ERROR is the dump's failure.
+    /// Sends the request `msg` and hands `each` every message of the answer (those of the
+    /// request's sequence number) up to NLMSG_DONE or an acknowledgement; an NLMSG_ERROR with
+    /// an errno is the request's failure.
     fn dump(&self, msg: &[u8], mut each: impl FnMut(&Message)) -> nix::Result<()> {
         let seq = u32::from_ne_bytes(msg[8..12].try_into().expect("a header"));
         self.send(msg)?;
@@ -82,16 +68,13 @@ impl Netlink {
             let n = self.recv(&mut buf, MsgFlags::empty())?;
             for m in messages(&buf[..n]) {
                 let m = m?;
-                if m.seq != seq {
-                    continue;
+                match m.error() {
+                    _ if m.seq != seq => {}
+                    Some(0) => return Ok(()),
+                    Some(code) => return Err(Errno::from_raw(-code)),
+                    None if m.ty == NLMSG_DONE as u16 => return Ok(()),
+                    None => each(&m),
                 }
-                if let Some(code) = m.error() {
-                    return Err(Errno::from_raw(-code));
-                }
-                if m.ty == NLMSG_DONE as u16 {
-                    return Ok(());
-                }
-                each(&m);
             }
         }
     }

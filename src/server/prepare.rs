@@ -3,6 +3,8 @@
 
 use std::net::IpAddr;
 
+use caps::Capability;
+
 use crate::cli::Config;
 use crate::discover::Source;
 use crate::listen::{self, Bound};
@@ -75,16 +77,18 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
     // iptables, nft and ipvsadm talk netlink/netfilter (CAP_NET_ADMIN); iptables-legacy also opens
     // a raw socket (CAP_NET_RAW). On standby the listener addresses go on and off lo at each
     // takeover and hand-back (CAP_NET_ADMIN).
-    let mut keep: Vec<u32> = if reads_rules {
-        vec![privilege::CAP_NET_ADMIN, privilege::CAP_NET_RAW]
+    let mut keep: Vec<Capability> = if reads_rules {
+        vec![Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW]
     } else {
         Vec::new()
     };
-    if config.standby && config.link_setup && !keep.contains(&privilege::CAP_NET_ADMIN) {
-        keep.push(privilege::CAP_NET_ADMIN);
+    if config.standby && config.link_setup && !keep.contains(&Capability::CAP_NET_ADMIN) {
+        keep.push(Capability::CAP_NET_ADMIN);
     }
     match privilege::keep_only(&keep) {
-        Ok(()) => tracing::info!(kept = ?privilege::names(&keep), "dropped every other capability"),
+        Ok(()) => {
+            tracing::info!(kept = ?keep.iter().map(ToString::to_string).collect::<Vec<_>>(), "dropped every other capability")
+        }
         Err(e) => tracing::warn!("{e}; running with the capabilities it was started with"),
     }
 }

@@ -123,17 +123,11 @@ pub fn truncate(reply: &mut Vec<u8>, limit: usize) {
         return;
     }
     let [qd, an, ns, ar] = counts(reply);
-    let mut question_end = HEADER_LEN;
-    for _ in 0..qd {
-        match skip_name(reply, question_end) {
-            Some(end) if end + 4 <= reply.len() => question_end = end + 4,
-            _ => {
-                question_end = HEADER_LEN;
-                reply[4..6].fill(0);
-                break;
-            }
-        }
-    }
+    // A question that does not parse is dropped.
+    let question_end = questions_end(reply, usize::from(qd)).unwrap_or_else(|| {
+        reply[4..6].fill(0);
+        HEADER_LEN
+    });
     // Find the trailing OPT record; a walk that fails keeps no record.
     let total = usize::from(an) + usize::from(ns) + usize::from(ar);
     let mut at = question_end;
