@@ -20,6 +20,19 @@ pub fn keep_only(keep: &[Capability]) -> Result<(), String> {
             format!("cannot drop {cap} from the bounding set (is CAP_SETPCAP in it?): {e}")
         })?;
     }
+    // A capability newer than the crate's list (above CAP_CHECKPOINT_RESTORE, 40) is dropped by
+    // its number: a kernel that adds one must not leave it to the tools we run.
+    let last: u64 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    for n in 41..=last {
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { nix::libc::prctl(nix::libc::PR_CAPBSET_DROP, n, 0, 0, 0) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(format!("cannot drop capability {n} from the bounding set: {e}"));
+        }
+    }
     // A kernel without ambient capabilities has none to clear.
     let _ = caps::clear(None, CapSet::Ambient);
     let keep: CapsHashSet = caps::all().into_iter().filter(kept).collect();
