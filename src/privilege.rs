@@ -30,7 +30,9 @@ pub fn keep_only(keep: &[Capability]) -> Result<(), String> {
         // SAFETY: prctl with integer arguments only.
         if unsafe { nix::libc::prctl(nix::libc::PR_CAPBSET_DROP, n, 0, 0, 0) } != 0 {
             let e = std::io::Error::last_os_error();
-            return Err(format!("cannot drop capability {n} from the bounding set: {e}"));
+            return Err(format!(
+                "cannot drop capability {n} from the bounding set: {e}"
+            ));
         }
     }
     // A kernel without ambient capabilities has none to clear.
