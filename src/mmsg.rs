@@ -133,19 +133,14 @@ const KEEP_BYTES: usize = 256 << 10;
 
 impl<T: Copy> SendBatch<T> {
     pub fn new(slots: usize) -> SendBatch<T> {
+        // SAFETY: all-zero is a valid value of these plain C structs.
+        let (iovs, hdrs) = unsafe { (zeroed(), zeroed()) };
         SendBatch {
             buf: Vec::new(),
             msgs: Vec::with_capacity(slots),
             order: Vec::with_capacity(slots),
-            iovs: vec![
-                libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0
-                };
-                slots
-            ],
-            // SAFETY: all-zero is a valid value of this plain C struct.
-            hdrs: vec![unsafe { zeroed() }; slots],
+            iovs: vec![iovs; slots],
+            hdrs: vec![hdrs; slots],
         }
     }
 
