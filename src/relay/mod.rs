@@ -383,8 +383,12 @@ impl Shell {
     fn send_udp(&mut self) {
         let (listener, sockets, failed) =
             (&self.listener, &self.upstream_sockets, &mut self.failed);
+        let socket = |tag| match tag {
+            LISTENER_TAG => listener.as_ref(),
+            _ => sockets.get(tag).map(|up| &up.socket),
+        };
         self.out.send(
-            |tag| udp_socket(listener, sockets, tag).map(AsRawFd::as_raw_fd),
+            |tag| socket(tag).map(AsRawFd::as_raw_fd),
             |leg, e| match leg {
                 // A full send queue is congestion here, not a fault of the upstream: the
                 // datagram is lost like any other and the try's timer moves the query on.
@@ -395,19 +399,6 @@ impl Shell {
                 None => tracing::debug!(error = %e, "cannot send a reply to a UDP client"),
             },
         );
-    }
-}
-
-/// The socket a send-batch tag names.
-fn udp_socket<'a>(
-    listener: &'a Option<UdpSocket>,
-    sockets: &'a UpstreamSockets,
-    tag: usize,
-) -> Option<&'a UdpSocket> {
-    if tag == LISTENER_TAG {
-        listener.as_ref()
-    } else {
-        sockets.get(tag).map(|up| &up.socket)
     }
 }
 
