@@ -292,8 +292,14 @@ impl Engine {
                     .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
             if failed_just_now || self.down(group, now) {
                 self.answer_at_once(client, packet, &q, stale_known);
-                if waiting.is_none() {
-                    self.probe_if_down(now, packet, q, Some(key.clone()), group, transport);
+                // While the group is down, a query goes on in the background whenever a probe
+                // is due, so the moment an upstream answers, forwarding resumes (and the cache
+                // is refreshed).
+                if waiting.is_none()
+                    && self.down(group, now)
+                    && self.upstreams.get(group).probe_due(now)
+                {
+                    self.refresh_in_background(now, packet, q, Some(key.clone()), group, transport);
                 }
                 return Outcome::Answered;
             }
@@ -316,7 +322,9 @@ impl Engine {
         // Without a cache key (the cache off) a down group answers at once too; see above.
         if key.is_none() && self.down(group, now) {
             self.answer_at_once(client, packet, &q, false);
-            self.probe_if_down(now, packet, q, None, group, transport);
+            if self.upstreams.get(group).probe_due(now) {
+                self.refresh_in_background(now, packet, q, None, group, transport);
+            }
             return Outcome::Answered;
         }
         let upstreams = self.upstreams.get(group);
@@ -354,23 +362,6 @@ impl Engine {
         } else {
             wire::local_reply(packet, q, rcode::SERVFAIL, &mut self.scratch);
             self.outbox.push(Dest::Client(client), &self.scratch);
-        }
-    }
-
-    /// While the group is down, a query goes on in the background whenever a probe is due, so
-    /// the moment an upstream answers, forwarding resumes (and the cache, under `key`, is
-    /// refreshed).
-    fn probe_if_down(
-        &mut self,
-        now: Instant,
-        packet: &[u8],
-        q: wire::Query,
-        key: Option<Key>,
-        group: UpstreamGroup,
-        transport: Transport,
-    ) {
-        if self.down(group, now) && self.upstreams.get(group).probe_due(now) {
-            self.refresh_in_background(now, packet, q, key, group, transport);
         }
     }
 
