@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,7 +61,6 @@ struct Request {
 struct Conn {
     requests: mpsc::UnboundedSender<Request>,
     inflight: AtomicUsize,
-    closed: AtomicBool,
 }
 
 struct Inner {
@@ -116,10 +115,7 @@ fn submit(inner: &Arc<Inner>, mut request: Request) -> Result<(), Request> {
         };
         match conn.requests.send(request) {
             Ok(()) => return Ok(()),
-            Err(mpsc::error::SendError(back)) => {
-                conn.closed.store(true, Relaxed);
-                request = back;
-            }
+            Err(mpsc::error::SendError(back)) => request = back,
         }
     }
     Err(request)
@@ -131,7 +127,7 @@ fn submit(inner: &Arc<Inner>, mut request: Request) -> Result<(), Request> {
 fn pick(inner: &Arc<Inner>, to: SocketAddr) -> Option<Arc<Conn>> {
     let mut pools = inner.pools.lock().unwrap_or_else(|p| p.into_inner());
     let pool = pools.entry(to).or_default();
-    pool.retain(|c| !c.closed.load(Relaxed));
+    pool.retain(|c| !c.requests.is_closed());
     let inflight = |c: &Arc<Conn>| c.inflight.load(Relaxed);
     if pool.iter().map(inflight).sum::<usize>() >= TRIES_PER_UPSTREAM {
         return None;
@@ -161,7 +157,6 @@ fn open(
     let conn = Arc::new(Conn {
         requests: tx,
         inflight: AtomicUsize::new(0),
-        closed: AtomicBool::new(false),
     });
     pool.push(conn.clone());
     inner
@@ -192,7 +187,6 @@ async fn run_connection(
         Ok(Err(e)) => Some((e, false)),
         Err(_) => None,
     };
-    conn.closed.store(true, Relaxed);
     requests.close();
     let mut left: Vec<Request> = waiting.into_values().map(|w| w.request).collect();
     while let Ok(r) = requests.try_recv() {
