@@ -165,12 +165,6 @@ fn open(
     conn
 }
 
-/// A try sent on the connection and not yet answered.
-struct Waiting {
-    request: Request,
-    sent: Instant,
-}
-
 /// One upstream connection: connects, writes each try as it comes, passes on each message read,
 /// and when it breaks moves its unanswered tries once to a fresh connection (a reused connection
 /// the upstream closed while idle is no fault of the try) or fails them.
@@ -181,14 +175,15 @@ async fn run_connection(
     conn: Arc<Conn>,
     _permit: Option<OwnedSemaphorePermit>,
 ) {
-    let mut waiting: HashMap<u16, Waiting> = HashMap::new();
+    // Tries sent on the connection and not yet answered, with when they were sent.
+    let mut waiting: HashMap<u16, (Request, Instant)> = HashMap::new();
     let broke = match tokio::time::timeout(inner.budget, connect(to)).await {
         Ok(Ok(stream)) => serve(&inner, stream, &mut requests, &conn, &mut waiting).await,
         Ok(Err(e)) => Some((e, false)),
         Err(_) => None,
     };
     requests.close();
-    let mut left: Vec<Request> = waiting.into_values().map(|w| w.request).collect();
+    let mut left: Vec<Request> = waiting.into_values().map(|(r, _)| r).collect();
     while let Ok(r) = requests.try_recv() {
         left.push(r);
     }
@@ -231,7 +226,7 @@ async fn serve(
     stream: TcpStream,
     requests: &mut mpsc::UnboundedReceiver<Request>,
     conn: &Conn,
-    waiting: &mut HashMap<u16, Waiting>,
+    waiting: &mut HashMap<u16, (Request, Instant)>,
 ) -> Option<(io::Error, bool)> {
     let (mut reader, mut writer) = stream.into_split();
     let mut decoder = FrameDecoder::new(usize::from(u16::MAX));
@@ -257,7 +252,7 @@ async fn serve(
                 framed.clear();
                 frame::encode(&request.message, &mut framed);
                 let written = tokio::time::timeout(inner.budget, writer.write_all(&framed)).await;
-                waiting.insert(local, Waiting { request, sent: Instant::now() });
+                waiting.insert(local, (request, Instant::now()));
                 match written {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Some((e, answered > 0)),
@@ -280,12 +275,12 @@ async fn serve(
                     if reply.len() < wire::HEADER_LEN {
                         continue;
                     }
-                    if let Some(w) = waiting.remove(&wire::id(reply)) {
+                    if let Some((request, _)) = waiting.remove(&wire::id(reply)) {
                         conn.inflight.fetch_sub(1, Relaxed);
                         answered += 1;
                         let mut reply = reply.to_vec();
-                        wire::set_id(&mut reply, w.request.leg.id);
-                        w.request.mailbox.post(Letter::UpstreamReply { leg: w.request.leg, reply });
+                        wire::set_id(&mut reply, request.leg.id);
+                        request.mailbox.post(Letter::UpstreamReply { leg: request.leg, reply });
                     }
                 }
                 if waiting.is_empty() {
@@ -296,7 +291,7 @@ async fn serve(
                 // Tries past their budget are the engine's business now; forget them here.
                 let budget = inner.budget;
                 let before = waiting.len();
-                waiting.retain(|_, w| w.sent.elapsed() < budget);
+                waiting.retain(|_, (_, sent)| sent.elapsed() < budget);
                 conn.inflight.fetch_sub(before - waiting.len(), Relaxed);
                 if waiting.is_empty() && idle_since.elapsed() >= IDLE {
                     return None;
