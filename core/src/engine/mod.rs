@@ -262,7 +262,7 @@ impl Engine {
             let hit = self.cached(key, now);
             if hit == Some(Hit::Fresh) {
                 self.stats.cache_hits.fetch_add(1, RELAXED);
-                self.deliver_answer(client, packet, &q);
+                deliver(&mut self.outbox, &self.answer, client, packet, &q);
                 return Outcome::Answered;
             }
             self.stats.cache_misses.fetch_add(1, RELAXED);
