@@ -640,19 +640,17 @@ impl Engine {
                 break;
             }
             self.orphan_timers.pop();
-            let Some(o) = self.orphans.get_mut(&key).filter(|o| o.deadline == at) else {
+            let Some(kept) = self.orphans.get_mut(&key).filter(|o| o.deadline == at) else {
                 continue;
             };
-            if o.judged {
+            if kept.judged {
                 self.orphans.remove(&key);
                 continue;
             }
             // Lost for its whole time; a late reply is still awaited, as for any try.
-            let o = *o;
+            let o = *kept;
             let late = (o.sent + self.settings.query_timeout).max(at);
-            if let Some(kept) = self.orphans.get_mut(&key) {
-                (kept.judged, kept.counted, kept.deadline) = (true, false, late);
-            }
+            (kept.judged, kept.counted, kept.deadline) = (true, false, late);
             self.orphan_timers.push(Reverse((late, key)));
             self.note_timeout(o.group, key.upstream(), o.counted, o.name, o.sent, now);
         }
