@@ -183,11 +183,8 @@ async fn run_connection(
         Err(_) => None,
     };
     requests.close();
-    let mut left: Vec<Request> = waiting.into_values().map(|(r, _)| r).collect();
-    while let Ok(r) = requests.try_recv() {
-        left.push(r);
-    }
-    for mut request in left {
+    let queued = std::iter::from_fn(|| requests.try_recv().ok());
+    for mut request in waiting.into_values().map(|(r, _)| r).chain(queued) {
         let failure = match &broke {
             Some((_, true)) if !request.retried => {
                 request.retried = true;
