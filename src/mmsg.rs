@@ -191,11 +191,10 @@ impl<T: Copy> SendBatch<T> {
                 Some(to) => (to.as_ptr().cast_mut().cast(), to.len()),
                 None => (std::ptr::null_mut(), 0),
             };
+            // No control data, no flags: left zero from `new`, as a send writes back only
+            // `msg_len`.
             h.msg_iov = &mut self.iovs[k];
             h.msg_iovlen = 1;
-            h.msg_control = std::ptr::null_mut();
-            h.msg_controllen = 0;
-            h.msg_flags = 0;
         }
         let mut k = 0;
         while k < n {
