@@ -213,9 +213,8 @@ pub fn run(mut relay: Relay) {
                 }
                 token => {
                     let index = (token - FIRST_UPSTREAM) as usize;
-                    if shell.read_upstream(&mut engine, index, &mut batch) {
-                        shell.flush(&mut engine);
-                    }
+                    shell.read_upstream(&mut engine, index, &mut batch);
+                    shell.flush(&mut engine);
                 }
             }
         }
@@ -265,11 +264,11 @@ impl Shell {
     }
 
     /// Hands the engine what upstream socket `index` has queued: replies, or the upstream's
-    /// ICMP error, which a connected socket reports as an error on the socket. False if there
+    /// ICMP error, which a connected socket reports as an error on the socket. Nothing if there
     /// is no such socket (closed since the event was queued).
-    fn read_upstream(&self, engine: &mut Engine, index: usize, batch: &mut RecvBatch) -> bool {
+    fn read_upstream(&self, engine: &mut Engine, index: usize, batch: &mut RecvBatch) {
         let Some(up) = self.upstream_sockets.get(index) else {
-            return false;
+            return;
         };
         let (to, via) = (up.to, Via::Udp { socket: up.slot });
         match receive(&up.socket, batch) {
@@ -282,7 +281,6 @@ impl Shell {
             Err(e) if is_unreachable(&e) => engine.handle_unreachable(Instant::now(), to),
             Err(_) => {}
         }
-        true
     }
 
     fn deliver_letter(&mut self, engine: &mut Engine, letter: Letter) {
