@@ -23,7 +23,6 @@ pub const RECV_SLOT: usize = 65600;
 /// Datagrams read by one `recvmmsg`.
 pub struct RecvBatch {
     buf: Vec<u8>,
-    lens: Vec<usize>,
     addrs: Vec<libc::sockaddr_storage>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
@@ -36,7 +35,6 @@ impl RecvBatch {
         let (addrs, iovs, hdrs) = unsafe { (zeroed(), zeroed(), zeroed()) };
         let mut b = RecvBatch {
             buf: vec![0; slots * RECV_SLOT],
-            lens: vec![0; slots],
             addrs: vec![addrs; slots],
             iovs: vec![iovs; slots],
             hdrs: vec![hdrs; slots],
@@ -67,13 +65,13 @@ impl RecvBatch {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         }
         self.n = 0;
-        // SAFETY: `hdrs` holds `lens.len()` headers, each pointing at heap memory of this batch
+        // SAFETY: `hdrs` holds `hdrs.len()` headers, each pointing at heap memory of this batch
         // that outlives the call.
         let got = unsafe {
             libc::recvmmsg(
                 socket.as_raw_fd(),
                 self.hdrs.as_mut_ptr(),
-                self.lens.len() as libc::c_uint,
+                self.hdrs.len() as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
@@ -86,15 +84,12 @@ impl RecvBatch {
             };
         }
         self.n = got as usize;
-        for i in 0..self.n {
-            self.lens[i] = self.hdrs[i].msg_len as usize;
-        }
         Ok(self.n)
     }
 
     /// The datagrams of the last read (from a connected socket, whose sender is known).
     pub fn datagrams(&self) -> impl Iterator<Item = &[u8]> {
-        (0..self.n).map(|i| &self.buf[i * RECV_SLOT..][..self.lens[i]])
+        (0..self.n).map(|i| &self.buf[i * RECV_SLOT..][..self.hdrs[i].msg_len as usize])
     }
 
     /// The datagrams of the last read, each with its sender when the kernel gave one.
@@ -138,19 +133,14 @@ const KEEP_BYTES: usize = 256 << 10;
 
 impl<T: Copy> SendBatch<T> {
     pub fn new(slots: usize) -> SendBatch<T> {
+        // SAFETY: all-zero is a valid value of these plain C structs.
+        let (iovs, hdrs) = unsafe { (zeroed(), zeroed()) };
         SendBatch {
             buf: Vec::new(),
             msgs: Vec::with_capacity(slots),
             order: Vec::with_capacity(slots),
-            iovs: vec![
-                libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0
-                };
-                slots
-            ],
-            // SAFETY: all-zero is a valid value of this plain C struct.
-            hdrs: vec![unsafe { zeroed() }; slots],
+            iovs: vec![iovs; slots],
+            hdrs: vec![hdrs; slots],
         }
     }
 
@@ -201,11 +191,10 @@ impl<T: Copy> SendBatch<T> {
                 Some(to) => (to.as_ptr().cast_mut().cast(), to.len()),
                 None => (std::ptr::null_mut(), 0),
             };
+            // No control data, no flags: left zero from `new`, as a send writes back only
+            // `msg_len`.
             h.msg_iov = &mut self.iovs[k];
             h.msg_iovlen = 1;
-            h.msg_control = std::ptr::null_mut();
-            h.msg_controllen = 0;
-            h.msg_flags = 0;
         }
         let mut k = 0;
         while k < n {

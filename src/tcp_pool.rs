@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,7 +61,6 @@ struct Request {
 struct Conn {
     requests: mpsc::UnboundedSender<Request>,
     inflight: AtomicUsize,
-    closed: AtomicBool,
 }
 
 struct Inner {
@@ -116,10 +115,7 @@ fn submit(inner: &Arc<Inner>, mut request: Request) -> Result<(), Request> {
         };
         match conn.requests.send(request) {
             Ok(()) => return Ok(()),
-            Err(mpsc::error::SendError(back)) => {
-                conn.closed.store(true, Relaxed);
-                request = back;
-            }
+            Err(mpsc::error::SendError(back)) => request = back,
         }
     }
     Err(request)
@@ -131,7 +127,7 @@ fn submit(inner: &Arc<Inner>, mut request: Request) -> Result<(), Request> {
 fn pick(inner: &Arc<Inner>, to: SocketAddr) -> Option<Arc<Conn>> {
     let mut pools = inner.pools.lock().unwrap_or_else(|p| p.into_inner());
     let pool = pools.entry(to).or_default();
-    pool.retain(|c| !c.closed.load(Relaxed));
+    pool.retain(|c| !c.requests.is_closed());
     let inflight = |c: &Arc<Conn>| c.inflight.load(Relaxed);
     if pool.iter().map(inflight).sum::<usize>() >= TRIES_PER_UPSTREAM {
         return None;
@@ -161,19 +157,12 @@ fn open(
     let conn = Arc::new(Conn {
         requests: tx,
         inflight: AtomicUsize::new(0),
-        closed: AtomicBool::new(false),
     });
     pool.push(conn.clone());
     inner
         .runtime
         .spawn(run_connection(inner.clone(), to, rx, conn.clone(), permit));
     conn
-}
-
-/// A try sent on the connection and not yet answered.
-struct Waiting {
-    request: Request,
-    sent: Instant,
 }
 
 /// One upstream connection: connects, writes each try as it comes, passes on each message read,
@@ -186,19 +175,16 @@ async fn run_connection(
     conn: Arc<Conn>,
     _permit: Option<OwnedSemaphorePermit>,
 ) {
-    let mut waiting: HashMap<u16, Waiting> = HashMap::new();
+    // Tries sent on the connection and not yet answered, with when they were sent.
+    let mut waiting: HashMap<u16, (Request, Instant)> = HashMap::new();
     let broke = match tokio::time::timeout(inner.budget, connect(to)).await {
         Ok(Ok(stream)) => serve(&inner, stream, &mut requests, &conn, &mut waiting).await,
         Ok(Err(e)) => Some((e, false)),
         Err(_) => None,
     };
-    conn.closed.store(true, Relaxed);
     requests.close();
-    let mut left: Vec<Request> = waiting.into_values().map(|w| w.request).collect();
-    while let Ok(r) = requests.try_recv() {
-        left.push(r);
-    }
-    for mut request in left {
+    let queued = std::iter::from_fn(|| requests.try_recv().ok());
+    for mut request in waiting.into_values().map(|(r, _)| r).chain(queued) {
         let failure = match &broke {
             Some((_, true)) if !request.retried => {
                 request.retried = true;
@@ -237,7 +223,7 @@ async fn serve(
     stream: TcpStream,
     requests: &mut mpsc::UnboundedReceiver<Request>,
     conn: &Conn,
-    waiting: &mut HashMap<u16, Waiting>,
+    waiting: &mut HashMap<u16, (Request, Instant)>,
 ) -> Option<(io::Error, bool)> {
     let (mut reader, mut writer) = stream.into_split();
     let mut decoder = FrameDecoder::new(usize::from(u16::MAX));
@@ -263,7 +249,7 @@ async fn serve(
                 framed.clear();
                 frame::encode(&request.message, &mut framed);
                 let written = tokio::time::timeout(inner.budget, writer.write_all(&framed)).await;
-                waiting.insert(local, Waiting { request, sent: Instant::now() });
+                waiting.insert(local, (request, Instant::now()));
                 match written {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Some((e, answered > 0)),
@@ -286,12 +272,12 @@ async fn serve(
                     if reply.len() < wire::HEADER_LEN {
                         continue;
                     }
-                    if let Some(w) = waiting.remove(&wire::id(reply)) {
+                    if let Some((request, _)) = waiting.remove(&wire::id(reply)) {
                         conn.inflight.fetch_sub(1, Relaxed);
                         answered += 1;
                         let mut reply = reply.to_vec();
-                        wire::set_id(&mut reply, w.request.leg.id);
-                        w.request.mailbox.post(Letter::UpstreamReply { leg: w.request.leg, reply });
+                        wire::set_id(&mut reply, request.leg.id);
+                        request.mailbox.post(Letter::UpstreamReply { leg: request.leg, reply });
                     }
                 }
                 if waiting.is_empty() {
@@ -302,7 +288,7 @@ async fn serve(
                 // Tries past their budget are the engine's business now; forget them here.
                 let budget = inner.budget;
                 let before = waiting.len();
-                waiting.retain(|_, w| w.sent.elapsed() < budget);
+                waiting.retain(|_, (_, sent)| sent.elapsed() < budget);
                 conn.inflight.fetch_sub(before - waiting.len(), Relaxed);
                 if waiting.is_empty() && idle_since.elapsed() >= IDLE {
                     return None;

@@ -122,22 +122,10 @@ struct Shell {
 }
 
 /// Runs on the calling thread until the stop and the drain after it; returning closes the sockets.
-pub fn run(relay: Relay) {
-    let Relay {
-        mut engine,
-        listener,
-        sockets_per_upstream,
-        mailbox,
-        tcp,
-        mut upstreams,
-        stats,
-        stop,
-        heartbeat: (heartbeats, beat),
-        drain,
-        own_probes,
-        strays,
-    } = relay;
-    let epoll = match register(&listener, &mailbox, &stop) {
+pub fn run(mut relay: Relay) {
+    let mut engine = relay.engine;
+    let (heartbeats, beat) = &relay.heartbeat;
+    let epoll = match register(&relay.listener, &relay.mailbox, &relay.stop) {
         Ok(epoll) => epoll,
         Err(e) => {
             tracing::error!(error = %e, listener = engine.role().name(), "cannot set up epoll; UDP not served");
@@ -146,11 +134,11 @@ pub fn run(relay: Relay) {
     };
     let mut shell = Shell {
         epoll,
-        listener: Some(listener),
-        upstream_sockets: UpstreamSockets::new(sockets_per_upstream),
-        mailbox,
-        tcp,
-        stats,
+        listener: Some(relay.listener),
+        upstream_sockets: UpstreamSockets::new(relay.sockets_per_upstream),
+        mailbox: relay.mailbox,
+        tcp: relay.tcp,
+        stats: relay.stats,
         clients: HashMap::new(),
         out: SendBatch::new(BATCH),
         failed: Vec::new(),
@@ -165,7 +153,7 @@ pub fn run(relay: Relay) {
     // This thread's share of the listener's in-flight gauge.
     let mut reported_inflight = 0;
     loop {
-        heartbeats.beat(beat);
+        heartbeats.beat(*beat);
         let ready = match shell.epoll.wait(&mut events, wait) {
             Ok(n) => n,
             Err(nix::errno::Errno::EINTR) => 0,
@@ -177,22 +165,22 @@ pub fn run(relay: Relay) {
         };
         // After the wait: a thread idle when the sets (and the hosts file) changed answers its
         // first query with the new ones.
-        if upstreams.has_changed().unwrap_or(false) {
-            engine.set_upstreams(upstreams.borrow_and_update().clone());
+        if relay.upstreams.has_changed().unwrap_or(false) {
+            engine.set_upstreams(relay.upstreams.borrow_and_update().clone());
             shell.connect_upstreams(&engine);
         }
         for event in &events[..ready] {
             match event.data() {
                 STOP_TOKEN => {
-                    let _ = shell.epoll.delete(stop.fd());
+                    let _ = shell.epoll.delete(relay.stop.fd());
                     // New flows already go to LocalDNS (see `handoff`): what still reaches the
                     // listener is answered until the drain says done.
-                    if strays.aside() {
+                    if relay.strays.aside() {
                         phase = Phase::HandedOver(Drain::new(Instant::now()));
                     } else if let Some(l) = shell.listener.take() {
                         let _ = shell.epoll.delete(&l);
                         phase = Phase::Closing {
-                            until: Instant::now() + drain,
+                            until: Instant::now() + relay.drain,
                         };
                     }
                 }
@@ -202,13 +190,13 @@ pub fn run(relay: Relay) {
                         let now = Instant::now();
                         let mut pods = false;
                         for (packet, from) in batch.with_senders() {
-                            if let Some(from) = from.filter(|&f| !own_probes.sent(f)) {
+                            if let Some(from) = from.filter(|&f| !relay.own_probes.sent(f)) {
                                 engine.handle_query(now, Client::Udp(from), packet);
                                 pods = true;
                             }
                         }
                         if pods {
-                            strays.reached_us();
+                            relay.strays.reached_us();
                         }
                         if let (true, Phase::HandedOver(d)) = (read > 0, &mut phase) {
                             d.activity(now);
@@ -225,9 +213,8 @@ pub fn run(relay: Relay) {
                 }
                 token => {
                     let index = (token - FIRST_UPSTREAM) as usize;
-                    if shell.read_upstream(&mut engine, index, &mut batch) {
-                        shell.flush(&mut engine);
-                    }
+                    shell.read_upstream(&mut engine, index, &mut batch);
+                    shell.flush(&mut engine);
                 }
             }
         }
@@ -277,11 +264,11 @@ impl Shell {
     }
 
     /// Hands the engine what upstream socket `index` has queued: replies, or the upstream's
-    /// ICMP error, which a connected socket reports as an error on the socket. False if there
+    /// ICMP error, which a connected socket reports as an error on the socket. Nothing if there
     /// is no such socket (closed since the event was queued).
-    fn read_upstream(&self, engine: &mut Engine, index: usize, batch: &mut RecvBatch) -> bool {
+    fn read_upstream(&self, engine: &mut Engine, index: usize, batch: &mut RecvBatch) {
         let Some(up) = self.upstream_sockets.get(index) else {
-            return false;
+            return;
         };
         let (to, via) = (up.to, Via::Udp { socket: up.slot });
         match receive(&up.socket, batch) {
@@ -294,7 +281,6 @@ impl Shell {
             Err(e) if is_unreachable(&e) => engine.handle_unreachable(Instant::now(), to),
             Err(_) => {}
         }
-        true
     }
 
     fn deliver_letter(&mut self, engine: &mut Engine, letter: Letter) {
@@ -383,8 +369,12 @@ impl Shell {
     fn send_udp(&mut self) {
         let (listener, sockets, failed) =
             (&self.listener, &self.upstream_sockets, &mut self.failed);
+        let socket = |tag| match tag {
+            LISTENER_TAG => listener.as_ref(),
+            _ => sockets.get(tag).map(|up| &up.socket),
+        };
         self.out.send(
-            |tag| udp_socket(listener, sockets, tag).map(AsRawFd::as_raw_fd),
+            |tag| socket(tag).map(AsRawFd::as_raw_fd),
             |leg, e| match leg {
                 // A full send queue is congestion here, not a fault of the upstream: the
                 // datagram is lost like any other and the try's timer moves the query on.
@@ -395,19 +385,6 @@ impl Shell {
                 None => tracing::debug!(error = %e, "cannot send a reply to a UDP client"),
             },
         );
-    }
-}
-
-/// The socket a send-batch tag names.
-fn udp_socket<'a>(
-    listener: &'a Option<UdpSocket>,
-    sockets: &'a UpstreamSockets,
-    tag: usize,
-) -> Option<&'a UdpSocket> {
-    if tag == LISTENER_TAG {
-        listener.as_ref()
-    } else {
-        sockets.get(tag).map(|up| &up.socket)
     }
 }
 

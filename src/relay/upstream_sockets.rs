@@ -115,9 +115,6 @@ impl UpstreamSockets {
 /// the kernel routes each send without a lookup, drops datagrams from anyone else before we see
 /// them, and reports the upstream's ICMP errors (port unreachable) as errors on the socket.
 fn connected_upstream_socket(to: SocketAddr) -> io::Result<UdpSocket> {
-    let any: SocketAddr = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
-        .parse()
-        .expect("literal");
     let socket = Socket::new(Domain::for_address(to), Type::DGRAM, Some(Protocol::UDP))?;
     if to.is_ipv6() {
         socket.set_only_v6(true)?;
@@ -125,7 +122,7 @@ fn connected_upstream_socket(to: SocketAddr) -> io::Result<UdpSocket> {
     socket.set_nonblocking(true)?;
     let _ = socket.set_recv_buffer_size(RECV_BUFFER);
     let _ = socket.set_send_buffer_size(SEND_BUFFER);
-    socket.bind(&any.into())?;
+    // An unbound socket is bound by connect, to a random free port and the route's source.
     socket.connect(&to.into())?;
     Ok(socket.into())
 }

@@ -68,7 +68,7 @@ impl Engine {
         self.stats.stale.fetch_add(answers as u64, RELAXED);
         self.events.push_back(Event::ServedStale { answers });
         for (client, query, q) in p.askers() {
-            self.deliver_answer(client, query, q);
+            deliver(&mut self.outbox, &self.answer, client, query, q);
         }
     }
 
@@ -86,15 +86,11 @@ impl Engine {
             .is_some_and(|cache| lock(cache).get_stale(key, now, &mut self.answer))
     }
 
-    pub(super) fn deliver_answer(&mut self, client: Client, query: &[u8], q: &wire::Query) {
-        deliver(&mut self.outbox, &self.answer, client, query, q);
-    }
-
     /// The stale answer in `self.answer`, to one client now.
     pub(super) fn serve_stale_to(&mut self, client: Client, query: &[u8], q: &wire::Query) {
         self.stats.stale.fetch_add(1, RELAXED);
         self.events.push_back(Event::ServedStale { answers: 1 });
-        self.deliver_answer(client, query, q);
+        deliver(&mut self.outbox, &self.answer, client, query, q);
     }
 }
 

@@ -240,8 +240,7 @@ impl Engine {
     /// A client's query (a datagram, or one message of a TCP stream).
     pub fn handle_query(&mut self, now: Instant, client: Client, packet: &[u8]) -> Outcome {
         let tables = (&self.settings.routes, &*self.upstreams.hosts);
-        let tcp = client.transport() == Transport::Tcp;
-        let decision = route::decide(self.role, packet, tables, tcp, &mut self.scratch);
+        let decision = route::decide(self.role, packet, tables, client, &mut self.scratch);
         let (q, group) = match decision {
             Decision::Drop => {
                 self.stats.dropped.fetch_add(1, RELAXED);
@@ -263,7 +262,7 @@ impl Engine {
             let hit = self.cached(key, now);
             if hit == Some(Hit::Fresh) {
                 self.stats.cache_hits.fetch_add(1, RELAXED);
-                self.deliver_answer(client, packet, &q);
+                deliver(&mut self.outbox, &self.answer, client, packet, &q);
                 return Outcome::Answered;
             }
             self.stats.cache_misses.fetch_add(1, RELAXED);
@@ -293,8 +292,14 @@ impl Engine {
                     .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
             if failed_just_now || self.down(group, now) {
                 self.answer_at_once(client, packet, &q, stale_known);
-                if waiting.is_none() {
-                    self.probe_if_down(now, packet, q, Some(key.clone()), group, transport);
+                // While the group is down, a query goes on in the background whenever a probe
+                // is due, so the moment an upstream answers, forwarding resumes (and the cache
+                // is refreshed).
+                if waiting.is_none()
+                    && self.down(group, now)
+                    && self.upstreams.get(group).probe_due(now)
+                {
+                    self.refresh_in_background(now, packet, q, Some(key.clone()), group, transport);
                 }
                 return Outcome::Answered;
             }
@@ -317,7 +322,9 @@ impl Engine {
         // Without a cache key (the cache off) a down group answers at once too; see above.
         if key.is_none() && self.down(group, now) {
             self.answer_at_once(client, packet, &q, false);
-            self.probe_if_down(now, packet, q, None, group, transport);
+            if self.upstreams.get(group).probe_due(now) {
+                self.refresh_in_background(now, packet, q, None, group, transport);
+            }
             return Outcome::Answered;
         }
         let upstreams = self.upstreams.get(group);
@@ -355,23 +362,6 @@ impl Engine {
         } else {
             wire::local_reply(packet, q, rcode::SERVFAIL, &mut self.scratch);
             self.outbox.push(Dest::Client(client), &self.scratch);
-        }
-    }
-
-    /// While the group is down, a query goes on in the background whenever a probe is due, so
-    /// the moment an upstream answers, forwarding resumes (and the cache, under `key`, is
-    /// refreshed).
-    fn probe_if_down(
-        &mut self,
-        now: Instant,
-        packet: &[u8],
-        q: wire::Query,
-        key: Option<Key>,
-        group: UpstreamGroup,
-        transport: Transport,
-    ) {
-        if self.down(group, now) && self.upstreams.get(group).probe_due(now) {
-            self.refresh_in_background(now, packet, q, key, group, transport);
         }
     }
 
@@ -650,19 +640,17 @@ impl Engine {
                 break;
             }
             self.orphan_timers.pop();
-            let Some(o) = self.orphans.get_mut(&key).filter(|o| o.deadline == at) else {
+            let Some(kept) = self.orphans.get_mut(&key).filter(|o| o.deadline == at) else {
                 continue;
             };
-            if o.judged {
+            if kept.judged {
                 self.orphans.remove(&key);
                 continue;
             }
             // Lost for its whole time; a late reply is still awaited, as for any try.
-            let o = *o;
+            let o = *kept;
             let late = (o.sent + self.settings.query_timeout).max(at);
-            if let Some(kept) = self.orphans.get_mut(&key) {
-                (kept.judged, kept.counted, kept.deadline) = (true, false, late);
-            }
+            (kept.judged, kept.counted, kept.deadline) = (true, false, late);
             self.orphan_timers.push(Reverse((late, key)));
             self.note_timeout(o.group, key.upstream(), o.counted, o.name, o.sent, now);
         }

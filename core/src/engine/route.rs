@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use super::{Client, answers::reply_limit};
 use crate::hosts::{self, Hosts};
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::wire::{self, Reject, rcode};
@@ -188,13 +189,12 @@ fn from_hosts(
     true
 }
 
-/// What to do with a client's packet (over TCP if `tcp`) before any upstream or cache is
-/// involved.
+/// What to do with `client`'s packet before any upstream or cache is involved.
 pub fn decide(
     listener: ListenerRole,
     packet: &[u8],
     (routes, hosts): (&Routes, &Hosts),
-    tcp: bool,
+    client: Client,
     out: &mut Vec<u8>,
 ) -> Decision {
     match wire::parse_query(packet) {
@@ -209,11 +209,7 @@ pub fn decide(
                 Decision::Answered
             }
             Route::Upstream(group) => {
-                let limit = if tcp {
-                    usize::from(u16::MAX)
-                } else {
-                    usize::from(q.udp_size)
-                };
+                let limit = reply_limit(client, &q);
                 if !hosts.is_empty()
                     && from_hosts(listener, packet, &q, (routes, hosts), limit, out)
                 {
@@ -276,7 +272,8 @@ mod tests {
             let o = opt(1232, false, if nsid { &[(3, b"")] } else { &[] });
             let query = query_with(name, qtype, [1, 0], Some(&o));
             let mut out = Vec::new();
-            match decide(listener, &query, (&routes, &hosts), false, &mut out) {
+            let client = Client::Udp(([127, 0, 0, 1], 53).into());
+            match decide(listener, &query, (&routes, &hosts), client, &mut out) {
                 Decision::Answered => Some((out[12..12 + name.len() + 2].to_vec(), hickory(&out))),
                 _ => None,
             }
