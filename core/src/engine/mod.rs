@@ -240,7 +240,8 @@ impl Engine {
     /// A client's query (a datagram, or one message of a TCP stream).
     pub fn handle_query(&mut self, now: Instant, client: Client, packet: &[u8]) -> Outcome {
         let tables = (&self.settings.routes, &*self.upstreams.hosts);
-        let decision = route::decide(self.role, packet, tables, client, &mut self.scratch);
+        let tcp = client.transport() == Transport::Tcp;
+        let decision = route::decide(self.role, packet, tables, tcp, &mut self.scratch);
         let (q, group) = match decision {
             Decision::Drop => {
                 self.stats.dropped.fetch_add(1, RELAXED);

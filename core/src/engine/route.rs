@@ -2,7 +2,6 @@
 
 use std::net::IpAddr;
 
-use super::{Client, answers::reply_limit};
 use crate::hosts::{self, Hosts};
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::wire::{self, Reject, rcode};
@@ -189,12 +188,13 @@ fn from_hosts(
     true
 }
 
-/// What to do with `client`'s packet before any upstream or cache is involved.
+/// What to do with a client's packet (over TCP if `tcp`) before any upstream or cache is
+/// involved.
 pub fn decide(
     listener: ListenerRole,
     packet: &[u8],
     (routes, hosts): (&Routes, &Hosts),
-    client: Client,
+    tcp: bool,
     out: &mut Vec<u8>,
 ) -> Decision {
     match wire::parse_query(packet) {
@@ -209,7 +209,11 @@ pub fn decide(
                 Decision::Answered
             }
             Route::Upstream(group) => {
-                let limit = reply_limit(client, &q);
+                let limit = if tcp {
+                    usize::from(u16::MAX)
+                } else {
+                    usize::from(q.udp_size)
+                };
                 if !hosts.is_empty()
                     && from_hosts(listener, packet, &q, (routes, hosts), limit, out)
                 {
@@ -272,8 +276,7 @@ mod tests {
             let o = opt(1232, false, if nsid { &[(3, b"")] } else { &[] });
             let query = query_with(name, qtype, [1, 0], Some(&o));
             let mut out = Vec::new();
-            let client = Client::Udp(([127, 0, 0, 1], 53).into());
-            match decide(listener, &query, (&routes, &hosts), client, &mut out) {
+            match decide(listener, &query, (&routes, &hosts), false, &mut out) {
                 Decision::Answered => Some((out[12..12 + name.len() + 2].to_vec(), hickory(&out))),
                 _ => None,
             }
