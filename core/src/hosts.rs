@@ -136,31 +136,46 @@ impl Hosts {
 }
 
 /// The address a reverse name stands for: `d.c.b.a.in-addr.arpa` (four decimal labels) or
-/// `ip6.arpa` with 32 nibble labels; `None` for any other name.
+/// `ip6.arpa` with 32 nibble labels; `None` for any other name. No allocation: every PTR query
+/// forwarded while the node has a hosts file asks this.
 pub fn reverse(name: &[u8]) -> Option<IpAddr> {
-    let mut labels = Vec::with_capacity(34);
-    let mut at = 0;
+    let mut labels: [&[u8]; 34] = [&[]; 34];
+    let (mut n, mut at) = (0, 0);
     while let Some(&len) = name.get(at).filter(|&&l| l != 0) {
-        labels.push(std::str::from_utf8(name.get(at + 1..at + 1 + usize::from(len))?).ok()?);
-        at += 1 + usize::from(len);
+        *labels.get_mut(n)? = name.get(at + 1..at + 1 + usize::from(len))?;
+        (n, at) = (n + 1, at + 1 + usize::from(len));
     }
-    let (labels, arpa) = labels.split_last_chunk::<2>()?;
-    let arpa = arpa.map(str::to_ascii_lowercase);
-    match (arpa[0].as_str(), arpa[1].as_str(), labels.len()) {
-        ("in-addr", "arpa", 4) => {
-            let text = labels.iter().rev().copied().collect::<Vec<_>>().join(".");
-            text.parse::<Ipv4Addr>().ok().map(IpAddr::V4)
-        }
-        ("ip6", "arpa", 32) => {
-            let mut bits = 0u128;
-            for nibble in labels.iter().rev() {
-                let digit = (nibble.len() == 1).then(|| u8::from_str_radix(nibble, 16).ok())??;
-                bits = bits << 4 | u128::from(digit);
+    let (labels, [kind, arpa]) = labels[..n].split_last_chunk::<2>()?;
+    if !arpa.eq_ignore_ascii_case(b"arpa") {
+        return None;
+    }
+    if kind.eq_ignore_ascii_case(b"in-addr") && labels.len() == 4 {
+        // As text, so that the address is read as strictly as anywhere else (no leading zeros).
+        let mut text = [0u8; 4 * 64];
+        let mut len = 0;
+        for (i, label) in labels.iter().rev().enumerate() {
+            if i > 0 {
+                text[len] = b'.';
+                len += 1;
             }
-            Some(IpAddr::V6(Ipv6Addr::from(bits)).to_canonical())
+            text[len..len + label.len()].copy_from_slice(label);
+            len += label.len();
         }
-        _ => None,
+        let text = std::str::from_utf8(&text[..len]).ok()?;
+        return text.parse::<Ipv4Addr>().ok().map(IpAddr::V4);
     }
+    if !kind.eq_ignore_ascii_case(b"ip6") || labels.len() != 32 {
+        return None;
+    }
+    let mut bits = 0u128;
+    for nibble in labels.iter().rev() {
+        let digit = match nibble {
+            [d] => char::from(*d).to_digit(16)?,
+            _ => return None,
+        };
+        bits = bits << 4 | u128::from(digit);
+    }
+    Some(IpAddr::V6(Ipv6Addr::from(bits)).to_canonical())
 }
 
 #[cfg(test)]
