@@ -63,6 +63,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// The node listener, then the cluster listener.
+    pub fn listeners(&self) -> [SocketAddr; 2] {
+        [self.node_listen, self.cluster_listen]
+    }
+
     /// The routes of `listener` in force, longest domain first, each domain named as the flags
     /// gave it: `cluster.local=ClusterCoreDNS`, `.=VnetDNS`.
     pub fn routes_shown(&self, listener: ListenerRole) -> Vec<String> {
@@ -448,7 +453,7 @@ fn check(c: &Config) -> Result<(), String> {
             c.node_listen
         ));
     }
-    let listeners = [c.node_listen, c.cluster_listen];
+    let listeners = c.listeners();
     let mut upstreams = c.node_upstreams.iter().chain(&c.cluster_upstreams);
     if let Some(up) = upstreams.find(|up| listeners.contains(up)) {
         return Err(format!(

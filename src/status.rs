@@ -47,7 +47,7 @@ pub enum Verdict {
 
 /// Looks, prints the one line and returns the exit status.
 pub fn report(config: &Config) -> ExitCode {
-    let listeners = [config.node_listen, config.cluster_listen];
+    let listeners = config.listeners();
     let (verdict, line) = match look(listeners) {
         Ok(look) => judge(&look, listeners, SystemTime::now()),
         Err(e) => (Verdict::Unknown, format!("cannot tell who answers: {e}")),
@@ -176,7 +176,7 @@ fn daemon_config(cmdline: &[u8]) -> Option<Config> {
 /// Does a daemon run with `c` serve one of `listeners`? Port 0 (tests) is whatever the kernel
 /// picked, so the address decides.
 fn serves(c: &Config, listeners: &[SocketAddr; 2]) -> bool {
-    [c.node_listen, c.cluster_listen].iter().any(|l| {
+    c.listeners().iter().any(|l| {
         listeners
             .iter()
             .any(|o| l.ip() == o.ip() && (l.port() == o.port() || l.port() == 0))

@@ -54,14 +54,17 @@ pub fn run<F: Future<Output = ()>>(
 /// listens stays: that is the standby serving (it takes them off itself when it hands back), or
 /// LocalDNS, which has its own link and for which they do no harm.
 pub fn release_addresses(config: &Config) -> Result<(), String> {
-    let [node, cluster] = [config.node_listen, config.cluster_listen];
     let idle: Vec<std::net::IpAddr> = crate::standby::lo_addresses(config)
         .into_iter()
         .filter(|ip| {
-            [node, cluster].iter().filter(|l| l.ip() == *ip).all(|&l| {
-                crate::netlink::group_members(l, crate::netlink::Proto::Udp)
-                    .is_ok_and(|m| m.is_empty())
-            })
+            config
+                .listeners()
+                .iter()
+                .filter(|l| l.ip() == *ip)
+                .all(|&l| {
+                    crate::netlink::group_members(l, crate::netlink::Proto::Udp)
+                        .is_ok_and(|m| m.is_empty())
+                })
         })
         .collect();
     crate::netlink::release_from_loopback(&idle)

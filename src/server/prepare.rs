@@ -1,8 +1,6 @@
 //! Everything that needs privilege, done once before serving: the listener addresses on `lo`, the listener sockets (and the metrics socket), then dropping every capability that
 //! discovery does not still need.
 
-use std::net::IpAddr;
-
 use caps::Capability;
 
 use crate::cli::Config;
@@ -18,8 +16,6 @@ pub struct Prepared {
     pub metrics: Option<std::net::TcpListener>,
     /// Which upstream groups discovery fills (a group given by flags is never touched).
     pub owned: crate::discover::follow::Owned,
-    /// The listener addresses put on `lo` here.
-    pub on_lo: Vec<IpAddr>,
 }
 
 /// Runs on a runtime of the calling thread alone: capabilities belong to a thread, and threads
@@ -30,11 +26,9 @@ pub struct Prepared {
 pub async fn prepare(config: &Config, ours: bool) -> Result<Prepared, String> {
     // On standby the addresses go on lo only when we take the flows (see `standby`): while
     // LocalDNS serves they are its link's alone.
-    let on_lo = if config.link_setup && !config.standby {
-        set_up_link(config)?
-    } else {
-        Vec::new()
-    };
+    if config.link_setup && !config.standby {
+        set_up_link(config)?;
+    }
     let metrics = match config.metrics {
         Some(addr) => Some(
             std::net::TcpListener::bind(addr)
@@ -57,7 +51,6 @@ pub async fn prepare(config: &Config, ours: bool) -> Result<Prepared, String> {
         cluster,
         metrics,
         owned,
-        on_lo,
     })
 }
 
@@ -95,7 +88,7 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
 
 /// Puts the listener addresses on `lo`, where LocalDNS never deletes them; its own link
 /// `localdns` is left as it is (see `netlink`).
-fn set_up_link(config: &Config) -> Result<Vec<IpAddr>, String> {
+fn set_up_link(config: &Config) -> Result<(), String> {
     let outcome = netlink::claim_on_loopback(&crate::standby::lo_addresses(config))?;
     tracing::info!(
         on = netlink::LOOPBACK,
@@ -103,6 +96,5 @@ fn set_up_link(config: &Config) -> Result<Vec<IpAddr>, String> {
         already_there = ?outcome.present,
         "listener addresses in place"
     );
-    // Nobody else puts them on lo: those found there are ours too.
-    Ok([outcome.added, outcome.present].concat())
+    Ok(())
 }

@@ -85,7 +85,6 @@ impl Running {
             cluster,
             metrics: metrics_listener,
             owned,
-            on_lo,
         } = prepared;
         let metrics_listener = match metrics_listener.map(tokio::net::TcpListener::from_std) {
             Some(Ok(l)) => Some(l),
@@ -184,7 +183,6 @@ impl Running {
             counters: counters.clone(),
             strays,
             stop: standby_stop.clone(),
-            on_lo,
         };
         let standing = std::thread::Builder::new()
             .name("standby".into())

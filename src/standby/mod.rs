@@ -40,7 +40,7 @@ use probe::{Prober, Seen};
 /// Does LocalDNS answer its probe name on both listeners? Asked twice at most (a reply lost once
 /// does not make a serving LocalDNS silent). Nothing answers a listener on port 0 (tests).
 pub fn localdns_serves(config: &Config) -> bool {
-    let listeners = [config.node_listen, config.cluster_listen];
+    let listeners = config.listeners();
     if listeners.iter().any(|l| l.port() == 0) {
         return false;
     }
@@ -70,9 +70,9 @@ pub fn start_cause(config: &Config, localdns_serves: bool) -> Option<Cause> {
 
 /// The loop's prober, and what the relays need to drop its questions.
 pub fn prober(config: &Config) -> Result<(Prober, Arc<OwnProbes>), String> {
-    let prober = Prober::new(&probed(config), rand::random())
+    let prober = Prober::new(&config.listeners(), rand::random())
         .map_err(|e| format!("cannot make the probe's sockets: {e}"))?;
-    let own = Arc::new(OwnProbes::new(prober.ports(), &probed(config)));
+    let own = Arc::new(OwnProbes::new(prober.ports(), &config.listeners()));
     Ok((prober, own))
 }
 
@@ -116,8 +116,6 @@ pub struct Shell {
     pub counters: Arc<Counters>,
     pub strays: Arc<Strays>,
     pub stop: Arc<Stop>,
-    /// The listener addresses that start-up put on lo.
-    pub on_lo: Vec<IpAddr>,
 }
 
 /// Runs until `shell.stop`: carries out what [`Flows`] decides (who holds the flows, when to ask
@@ -132,7 +130,6 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         counters,
         strays,
         stop,
-        on_lo,
     } = shell;
     // A daemon started for a failed LocalDNS put the addresses on lo at its start and keeps no
     // capability to move them (nor does it need to: it leaves when LocalDNS starts).
@@ -147,9 +144,13 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
             |e| tracing::debug!(error = %e, "no address announcements; looking at every look"),
         )
         .ok();
-    // The listener addresses the standby put on lo (they are LocalDNS's only where they are
-    // also on another link).
-    let mut ours = on_lo;
+    // The listener addresses we put on lo (they are LocalDNS's only where they are also on
+    // another link): a daemon that is not a standby put them there at its start (nobody else
+    // puts them on lo, so those it found there are its own too).
+    let mut ours = match config.link_setup && !config.standby {
+        true => lo_addresses(&config),
+        false => Vec::new(),
+    };
     if let Some(found) = where_addresses(&config, &ours) {
         flows.addresses(Instant::now(), found);
     }
@@ -353,7 +354,7 @@ fn give_back(
 /// whether it is on any interface (a bind to an address that is not fails; nothing is sent).
 /// `None` when neither can be asked (out of descriptors): not knowing is not "gone".
 fn where_addresses(config: &Config, ours: &[IpAddr]) -> Option<Addresses> {
-    let wanted = probed(config).map(|l| l.ip());
+    let wanted = config.listeners().map(|l| l.ip());
     let Ok(found) = netlink::interfaces_of(&wanted) else {
         for ip in wanted {
             match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
@@ -385,14 +386,10 @@ fn where_addresses(config: &Config, ours: &[IpAddr]) -> Option<Addresses> {
 /// The listener addresses that go on `lo`: loopback and wildcard listen addresses (tests, odd
 /// setups) are local already.
 pub fn lo_addresses(config: &Config) -> Vec<IpAddr> {
-    probed(config)
+    config
+        .listeners()
         .map(|l| l.ip())
         .into_iter()
         .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
         .collect()
-}
-
-/// The addresses the prober asks.
-pub fn probed(config: &Config) -> [SocketAddr; 2] {
-    [config.node_listen, config.cluster_listen]
 }
