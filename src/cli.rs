@@ -35,13 +35,13 @@ pub struct Config {
     pub cluster_listen: SocketAddr,
     pub node_upstreams: Vec<SocketAddr>,
     pub cluster_upstreams: Vec<SocketAddr>,
-    /// `--cluster-domain` as given (lower case, no final dot).
+    /// The routes, as the flags gave them: `--cluster-domain` (lower case, no final dot) and
+    /// `--vnet-dns-override` and `--kube-dns-override` in order (the listener, the domain, where it
+    /// goes). [`Config::routes`] lays the overrides over the domain's defaults.
     pub cluster_domain: String,
-    /// `--vnet-dns-override` and `--kube-dns-override`, in order: the listener, the domain as
-    /// given, and where it goes. Laid over `--cluster-domain`'s defaults into `engine.routes`.
     pub overrides: Vec<(ListenerRole, String, UpstreamGroup)>,
-    /// What each relay thread's engine decides with: the routes, `--upstream-timeout`,
-    /// `--query-timeout`, `--max-inflight` and `--upstream-sockets` land here, and nowhere else.
+    /// What each relay thread's engine decides with: `--upstream-timeout`, `--query-timeout`,
+    /// `--max-inflight` and `--upstream-sockets` land here, and nowhere else.
     pub engine: engine::Settings,
     pub max_tcp_connections: usize,
     pub tcp_idle_timeout: Duration,
@@ -68,13 +68,22 @@ impl Config {
         [self.node_listen, self.cluster_listen]
     }
 
+    /// The engine's routes: `--cluster-domain`'s defaults with the overrides laid over them, in
+    /// order.
+    pub fn routes(&self) -> Routes {
+        let mut routes = Routes::defaults(&wire_of(&self.cluster_domain));
+        for (listener, domain, group) in &self.overrides {
+            routes.set(*listener, &wire_of(domain), *group);
+        }
+        routes
+    }
+
     /// The routes of `listener` in force, longest domain first, each domain named as the flags
     /// gave it: `cluster.local=ClusterCoreDNS`, `.=VnetDNS`.
     pub fn routes_shown(&self, listener: ListenerRole) -> Vec<String> {
         let given =
             std::iter::once(&self.cluster_domain).chain(self.overrides.iter().map(|o| &o.1));
-        self.engine
-            .routes
+        self.routes()
             .of(listener)
             .iter()
             .map(|(domain, group)| {
@@ -289,15 +298,6 @@ fn wire_of(domain: &str) -> Vec<u8> {
     wire::encode_name(domain).unwrap_or_else(|_| vec![0])
 }
 
-/// `--cluster-domain`'s defaults with the overrides laid over them, in order.
-fn routes(c: &Config) -> Routes {
-    let mut routes = Routes::defaults(&wire_of(&c.cluster_domain));
-    for (listener, domain, group) in &c.overrides {
-        routes.set(*listener, &wire_of(domain), *group);
-    }
-    routes
-}
-
 /// `--help`: what it is, then every flag with its default.
 pub fn usage() -> String {
     let mut out = format!("{ABOUT}\n\nFLAGS:\n");
@@ -389,7 +389,6 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
         };
         (flag.set)(&mut config, &value).map_err(|why| format!("{name} {value:?}: {why}"))?;
     }
-    config.engine.routes = routes(&config);
     check(&config)?;
     let config = Box::new(config);
     Ok(match sub.as_deref() {
@@ -540,7 +539,7 @@ mod tests {
         assert_eq!(c.cluster_listen.to_string(), "169.254.10.11:53");
         assert_eq!(c.node_upstreams, vec!["198.18.0.1:53".parse().unwrap()]);
         assert_eq!(
-            c.engine.routes,
+            c.routes(),
             Routes::defaults(&wire::encode_name("cluster.local").unwrap())
         );
     }
@@ -599,7 +598,7 @@ mod tests {
             (cluster, "example.com", UpstreamGroup::VnetDns),
             (cluster, "svc.k8s.example", UpstreamGroup::KubeDns),
         ] {
-            let got = c.engine.routes.group(listener, &name(domain));
+            let got = c.routes().group(listener, &name(domain));
             assert_eq!(got, group, "{listener:?} {domain}");
         }
         assert_eq!(

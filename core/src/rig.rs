@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cache::{Cache, KeyHasher, Limits};
+use crate::engine::route::Routes;
 use crate::engine::{Client, Dest, Engine, Event, Failure, Leg, Outcome, Settings, Via};
 use crate::roles::ListenerRole;
 use crate::stats::ListenerStats;
@@ -24,6 +25,7 @@ pub struct Setup {
     pub vnet: Vec<SocketAddr>,
     pub kube: Vec<SocketAddr>,
     pub settings: Settings,
+    pub routes: Routes,
     /// `None` runs the engine without a cache.
     pub cache: Option<Limits>,
     pub seed: [u8; 32],
@@ -39,6 +41,7 @@ impl Setup {
                 udp_sockets_per_upstream: SOCKETS,
                 ..Settings::default()
             },
+            routes: Routes::defaults(b"\x07cluster\x05local\x00"),
             cache: Some(Limits::default()),
             seed: [7; 32],
         }
@@ -55,6 +58,7 @@ impl Setup {
             engine: Engine::new(
                 self.role,
                 self.settings,
+                self.routes,
                 sets,
                 cache,
                 Arc::new(ListenerStats::default()),

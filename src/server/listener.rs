@@ -79,6 +79,7 @@ pub(super) fn start_listener(
         let engine = Engine::new(
             role,
             config.engine.clone(),
+            config.routes(),
             sets.clone(),
             shared.cache.clone(),
             stats.clone(),

@@ -10,8 +10,6 @@ use crate::roles::{Transport, UpstreamGroup};
 /// What the engine needs to know from the flags.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Which group each listener sends each name to.
-    pub routes: super::route::Routes,
     /// Budget for one try at one upstream; then the next upstream is tried.
     pub upstream_timeout: Duration,
     /// Budget for a whole query; the client gets SERVFAIL (or a stale answer) after it.
@@ -34,7 +32,6 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Settings {
         Settings {
-            routes: super::route::Routes::defaults(b"\x07cluster\x05local\x00"),
             // Well below a stub's 5 s timeout so one dead server costs a client one second, not
             // its whole attempt.
             upstream_timeout: Duration::from_secs(1),

@@ -48,7 +48,7 @@ use answers::{deliver, lock, reply_limit};
 pub use boundary::{Client, ConnId, Dest, Event, Failure, Leg, Outcome, Settings, Transmit, Via};
 use outbox::Outbox;
 use pending::{Asker, MAX_TRIES, Orphan, Pending, Slot, Timer, TimerKind, TryKey};
-use route::Decision;
+use route::{Decision, Routes};
 
 /// Identical queries that may wait on one upstream query; more start their own.
 const MAX_FOLLOWERS: usize = 256;
@@ -93,6 +93,8 @@ type Map<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 pub struct Engine {
     role: ListenerRole,
     settings: Settings,
+    /// Which group this listener sends each name to.
+    routes: Routes,
     upstreams: Arc<UpstreamSets>,
     cache: Option<Arc<Mutex<Cache>>>,
     /// The cache's key hasher, copied so that making a key takes no lock; `None` with no cache.
@@ -149,6 +151,7 @@ impl Engine {
     pub fn new(
         role: ListenerRole,
         settings: Settings,
+        routes: Routes,
         upstreams: Arc<UpstreamSets>,
         cache: Option<Arc<Mutex<Cache>>>,
         stats: Arc<ListenerStats>,
@@ -160,6 +163,7 @@ impl Engine {
         Engine {
             role,
             settings,
+            routes,
             upstreams,
             cache,
             key_hasher,
@@ -201,7 +205,7 @@ impl Engine {
 
     /// Whether this listener's routes send any name to `group`.
     pub fn sends_to(&self, group: UpstreamGroup) -> bool {
-        self.settings.routes.reaches(self.role, group)
+        self.routes.reaches(self.role, group)
     }
 
     pub fn inflight(&self) -> usize {
@@ -239,7 +243,7 @@ impl Engine {
 
     /// A client's query (a datagram, or one message of a TCP stream).
     pub fn handle_query(&mut self, now: Instant, client: Client, packet: &[u8]) -> Outcome {
-        let tables = (&self.settings.routes, &*self.upstreams.hosts);
+        let tables = (&self.routes, &*self.upstreams.hosts);
         let tcp = client.transport() == Transport::Tcp;
         let decision = route::decide(self.role, packet, tables, tcp, &mut self.scratch);
         let (q, group) = match decision {

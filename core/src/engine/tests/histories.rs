@@ -891,14 +891,14 @@ fn run_history(seed: u64) -> Result<(), String> {
         |g: usize| -> Vec<SocketAddr> { sets[g][0].1.iter().map(|i| servers[*i].addr).collect() };
     let mut setup = Setup::new(roles[0], addrs(0), addrs(1));
     setup.settings.max_inflight = max_inflight;
-    setup.settings.routes = routing.routes();
+    setup.routes = routing.routes();
     setup.seed = std::array::from_fn(|i| (seed >> (8 * (i % 8))) as u8 ^ i as u8);
     setup.cache = cache.then(|| Limits {
         min_ttl: Duration::from_millis(MIN_TTL_MS),
         max_stale: Duration::from_millis(MAX_STALE_MS),
         ..Limits::default()
     });
-    let settings = setup.settings.clone();
+    let (settings, routes) = (setup.settings.clone(), setup.routes.clone());
     let budget = settings.query_timeout.as_millis() as u64;
     let try_time = settings.upstream_timeout.as_millis() as u64;
     let t0 = Instant::now();
@@ -912,6 +912,7 @@ fn run_history(seed: u64) -> Result<(), String> {
         engines.push(Engine::new(
             *role,
             settings.clone(),
+            routes.clone(),
             e.upstreams.clone(),
             e.cache.clone(),
             Arc::new(ListenerStats::default()),

@@ -113,10 +113,10 @@ impl Rig {
         role: ListenerRole,
         vnet: Vec<SocketAddr>,
         kube: Vec<SocketAddr>,
-        tweak: impl FnOnce(&mut Settings),
+        tweak: impl FnOnce(&mut Setup),
     ) -> Rig {
         let mut setup = Setup::new(role, vnet, kube);
-        tweak(&mut setup.settings);
+        tweak(&mut setup);
         Rig {
             rig: setup.start(Instant::now()),
             transport,

@@ -180,7 +180,7 @@ fn answers_locally_and_drops_responses() {
 fn sheds_with_refused_above_the_cap_and_servfails_without_upstreams() {
     for transport in BOTH {
         let mut rig = Rig::with(transport, ListenerRole::Cluster, vec![], vec![up(1)], |s| {
-            s.max_inflight = 2
+            s.settings.max_inflight = 2
         });
         for i in 0..3 {
             rig.query(&query(i, &format!("n{i}.b"), None), 0);
@@ -203,7 +203,7 @@ fn a_flood_of_one_group_leaves_room_for_the_other_on_the_node_listener() {
             ListenerRole::Node,
             vec![up(1)],
             vec![up(2)],
-            |s| s.max_inflight = 8,
+            |s| s.settings.max_inflight = 8,
         );
         // Cluster names to a kube-dns that never answers, as many as the cap: three quarters go
         // in flight, the rest are shed.

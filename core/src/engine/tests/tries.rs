@@ -547,7 +547,7 @@ fn background_probes_of_a_down_group_never_go_over_the_inflight_cap() {
         ListenerRole::Cluster,
         vec![],
         vec![up(1)],
-        |s| s.max_inflight = 1,
+        |s| s.settings.max_inflight = 1,
     );
     rig.query(&query(1, "a.b", None), 0);
     for ms in [1000, 2000, 2500] {
