@@ -86,11 +86,8 @@ pub fn parse(json: &str, service: &ServiceName) -> Result<KubeDns, String> {
         // family, the first (`min_by_key` keeps the first of equals).
         let known = found.cluster_ip.into_iter().chain(cluster_ip);
         found.cluster_ip = known.min_by_key(IpAddr::is_ipv6);
-        let backends = spec["backend-addresses"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        for addr in backends.iter().filter_map(active_backend) {
+        let backends = spec["backend-addresses"].as_array().into_iter().flatten();
+        for addr in backends.filter_map(active_backend) {
             if udp && !found.udp.contains(&addr) {
                 found.udp.push(addr);
             }
