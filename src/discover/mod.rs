@@ -165,15 +165,13 @@ pub fn find_kube_dns(settings: &Settings) -> KubeDnsFinding {
             Source::Nftables => nftables::discover(service),
             Source::Ipvs => ipvs::discover(finding.cluster_ip),
             Source::Cilium => cilium::discover(&settings.cilium_socket, service),
-            Source::ClusterIp => finding
-                .cluster_ip
-                .map(|ip| KubeDns {
+            Source::ClusterIp => match finding.cluster_ip {
+                Some(ip) => Ok(KubeDns {
                     udp: vec![SocketAddr::new(ip, 53)],
                     ..KubeDns::default()
-                })
-                .ok_or_else(|| {
-                    "no ClusterIP known (no source showed one and no --cluster-ip)".to_string()
                 }),
+                None => Err("no ClusterIP known (no source showed one and no --cluster-ip)".into()),
+            },
         };
         match result {
             Ok(found) => {
