@@ -178,12 +178,8 @@ pub fn find_kube_dns(settings: &Settings) -> KubeDnsFinding {
                 finding.cluster_ip = finding.cluster_ip.or(found.cluster_ip);
                 // UDP backends serve TCP too (same pods); the TCP list only stands in when a
                 // source shows no UDP port.
-                let upstreams = if found.udp.is_empty() {
-                    found.tcp
-                } else {
-                    found.udp
-                };
-                if !upstreams.is_empty() {
+                let lists = [found.udp, found.tcp];
+                if let Some(upstreams) = lists.into_iter().find(|list| !list.is_empty()) {
                     finding.upstreams = upstreams;
                     finding.source = Some(source);
                     return finding;
