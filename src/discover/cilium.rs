@@ -60,18 +60,14 @@ pub fn parse(json: &str, service: &ServiceName) -> Result<KubeDns, String> {
             continue;
         };
         let spec = &entry["spec"];
-        let flags = &spec["flags"];
-        if flags["namespace"].as_str() != Some(service.namespace.as_str())
-            || flags["name"].as_str() != Some(service.name.as_str())
-        {
-            continue;
-        }
+        let (flags, frontend) = (&spec["flags"], &spec["frontend-address"]);
         // Cluster mesh: the same name in another cluster resolves that cluster's names.
-        if flags["cluster"].as_str().is_some_and(|c| !c.is_empty()) {
-            continue;
-        }
-        let frontend = &spec["frontend-address"];
-        if frontend["port"].as_u64() != Some(53) {
+        let other_cluster = flags["cluster"].as_str().is_some_and(|c| !c.is_empty());
+        if flags["namespace"] != service.namespace
+            || flags["name"] != service.name
+            || other_cluster
+            || frontend["port"].as_u64() != Some(53)
+        {
             continue;
         }
         let protocol = frontend["protocol"]
@@ -85,22 +81,13 @@ pub fn parse(json: &str, service: &ServiceName) -> Result<KubeDns, String> {
             "" | "ANY" | "NONE" => (true, true),
             _ => continue,
         };
-        if flags["type"].as_str() == Some("ClusterIP") {
-            if let Some(ip) = ip(&frontend["ip"]) {
-                // Dual stack: prefer the IPv4 ClusterIP, whatever order the agent lists them in.
-                if found
-                    .cluster_ip
-                    .is_none_or(|old| old.is_ipv6() && ip.is_ipv4())
-                {
-                    found.cluster_ip = Some(ip);
-                }
-            }
-        }
-        let backends = spec["backend-addresses"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        for addr in backends.iter().filter_map(active_backend) {
+        let cluster_ip = ip(&frontend["ip"]).filter(|_| flags["type"] == "ClusterIP");
+        // Dual stack: the IPv4 ClusterIP, whatever order the agent lists them in; of two of one
+        // family, the first (`min_by_key` keeps the first of equals).
+        let known = found.cluster_ip.into_iter().chain(cluster_ip);
+        found.cluster_ip = known.min_by_key(IpAddr::is_ipv6);
+        let backends = spec["backend-addresses"].as_array().into_iter().flatten();
+        for addr in backends.filter_map(active_backend) {
             if udp && !found.udp.contains(&addr) {
                 found.udp.push(addr);
             }
@@ -200,12 +187,11 @@ pub fn parse_http_response(bytes: &[u8]) -> Result<Vec<u8>, String> {
     let rest = &bytes[head_end + 4..];
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
-    let mut status = status_line.splitn(3, ' ');
-    let code = match (status.next(), status.next()) {
-        (Some(version), Some(code)) if version.starts_with("HTTP/1.") => code.parse::<u16>().ok(),
-        _ => None,
-    }
-    .ok_or_else(|| format!("the Cilium agent did not answer in HTTP: {status_line:?}"))?;
+    // `HTTP/1.x CODE REASON`
+    let code = status_line
+        .strip_prefix("HTTP/1.")
+        .and_then(|rest| rest.split(' ').nth(1)?.parse::<u16>().ok())
+        .ok_or_else(|| format!("the Cilium agent did not answer in HTTP: {status_line:?}"))?;
 
     let (mut chunked, mut length) = (false, None);
     for (name, value) in lines.filter_map(|line| line.split_once(':')) {
@@ -263,11 +249,9 @@ fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, String> {
         if size == 0 {
             return Ok(body);
         }
-        body.extend_from_slice(rest.get(..size).ok_or(BAD)?);
-        rest = rest
-            .get(size..)
-            .and_then(|r| r.strip_prefix(b"\r\n"))
-            .ok_or(BAD)?;
+        let (chunk, after) = rest.split_at_checked(size).ok_or(BAD)?;
+        body.extend_from_slice(chunk);
+        rest = after.strip_prefix(b"\r\n").ok_or(BAD)?;
     }
 }
 

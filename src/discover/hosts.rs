@@ -46,10 +46,13 @@ impl Follower {
         if stamp.is_some() && stamp == self.stamp {
             return None;
         }
-        let read = stamp.is_some().then(|| read(path));
-        self.stamp = stamp.filter(|_| matches!(read, Some(Ok(_))));
+        let read = match stamp {
+            Some(_) => read(path),
+            None => Err(format!("no hosts file at {}", path.display())),
+        };
+        self.stamp = stamp.filter(|_| read.is_ok());
         match read {
-            Some(Ok(hosts)) => {
+            Ok(hosts) => {
                 tracing::info!(
                     path = %path.display(),
                     entries = hosts.len(),
@@ -59,11 +62,7 @@ impl Follower {
                 self.said = None;
                 Some(hosts)
             }
-            problem => {
-                let why = match problem {
-                    Some(Err(e)) => e,
-                    _ => format!("no hosts file at {}", path.display()),
-                };
+            Err(why) => {
                 if self.said.as_ref() != Some(&why) {
                     tracing::info!("{why}; its last content (if any) is served meanwhile");
                     self.said = Some(why);

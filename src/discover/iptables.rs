@@ -18,8 +18,6 @@ const LOCK_WAIT: &str = "2";
 /// The ClusterIP rule of one service port in KUBE-SERVICES.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ServiceRule {
-    /// `dns` (UDP) or `dns-tcp`.
-    pub port_name: &'static str,
     pub cluster_ip: Option<IpAddr>,
     /// The `KUBE-SVC-*` chain that spreads over the endpoints.
     pub chain: String,
@@ -44,11 +42,7 @@ fn option<'a>(words: &[&'a str], name: &str) -> Option<&'a str> {
 
 /// Finds the ClusterIP rule of `service`'s port `port_name` (`dns` or `dns-tcp`) in the
 /// `iptables -S KUBE-SERVICES` output.
-pub fn parse_services(
-    text: &str,
-    service: &ServiceName,
-    port_name: &'static str,
-) -> Option<ServiceRule> {
+pub fn parse_services(text: &str, service: &ServiceName, port_name: &str) -> Option<ServiceRule> {
     let comment = format!("{service}:{port_name} cluster IP");
     // A cheap substring test first: only the one matching line is split into words.
     text.lines()
@@ -62,11 +56,7 @@ pub fn parse_services(
                 .filter(|c| c.starts_with("KUBE-SVC-"))?
                 .to_string();
             let cluster_ip = option(&w, "-d").and_then(|d| d.split('/').next()?.parse().ok());
-            Some(ServiceRule {
-                port_name,
-                cluster_ip,
-                chain,
-            })
+            Some(ServiceRule { cluster_ip, chain })
         })
 }
 
@@ -100,16 +90,13 @@ pub fn discover(service: &ServiceName, ipv6: bool) -> Result<KubeDns, String> {
         )
     };
     let services = list("KUBE-SERVICES")?;
-    let rules: Vec<ServiceRule> = ["dns", "dns-tcp"]
-        .iter()
-        .filter_map(|port_name| parse_services(&services, service, port_name))
-        .collect();
-    let mut found = KubeDns {
-        cluster_ip: rules.iter().find_map(|r| r.cluster_ip),
-        ..KubeDns::default()
-    };
+    let [udp, tcp] =
+        ["dns", "dns-tcp"].map(|port_name| parse_services(&services, service, port_name));
     // Both ports' chains, then every endpoint chain, read side by side.
-    let endpoints = |rule: &ServiceRule| -> Result<Vec<SocketAddr>, String> {
+    let endpoints = |rule: &Option<ServiceRule>| -> Result<Vec<SocketAddr>, String> {
+        let Some(rule) = rule else {
+            return Ok(Vec::new());
+        };
         let chains = parse_service_chain(&list(&rule.chain)?);
         let texts = tool::each_at_once(&chains, |chain| list(chain));
         let texts = texts.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -117,15 +104,13 @@ pub fn discover(service: &ServiceName, ipv6: bool) -> Result<KubeDns, String> {
             texts.iter().filter_map(|t| parse_endpoint_chain(t)),
         ))
     };
-    let ports = tool::each_at_once(&rules, endpoints);
-    for (rule, addrs) in rules.iter().zip(ports) {
-        if rule.port_name == "dns" {
-            found.udp = addrs?;
-        } else {
-            found.tcp = addrs?;
-        }
-    }
-    Ok(found)
+    let cluster_ip = udp.iter().chain(&tcp).find_map(|r| r.cluster_ip);
+    let (udp, tcp) = tool::side_by_side(|| endpoints(&udp), || endpoints(&tcp));
+    Ok(KubeDns {
+        udp: udp?,
+        tcp: tcp?,
+        cluster_ip,
+    })
 }
 
 #[cfg(test)]

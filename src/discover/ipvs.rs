@@ -47,10 +47,8 @@ pub fn parse_proc(text: &str, cluster_ip: Option<IpAddr>) -> KubeDns {
 
 /// Parses `ipvsadm -Ln`; chooses like [`parse_proc`].
 pub fn parse_ipvsadm(text: &str, cluster_ip: Option<IpAddr>) -> KubeDns {
-    choose(
-        &virtual_services(text, |word| word.parse().ok()),
-        cluster_ip,
-    )
+    let services = virtual_services(text, |word| word.parse().ok());
+    choose(&services, cluster_ip)
 }
 
 /// A TCP or UDP virtual service and its real servers of non-zero weight.
@@ -92,33 +90,28 @@ fn virtual_services(text: &str, addr: fn(&str) -> Option<SocketAddr>) -> Vec<Vir
 }
 
 fn choose(services: &[VirtualService], cluster_ip: Option<IpAddr>) -> KubeDns {
-    let ip = cluster_ip.or_else(|| {
-        // One UDP port-53 virtual service, however many times the text lists it.
-        let mut dns: Vec<IpAddr> = services
-            .iter()
-            .filter(|s| s.udp && s.addr.port() == 53)
-            .map(|s| s.addr.ip())
-            .collect();
-        dns.dedup();
-        match dns.as_slice() {
-            [only] => Some(*only),
-            _ => None,
-        }
+    // One UDP port-53 virtual service, however many times the text lists it.
+    let dns = services.iter().filter(|s| s.udp && s.addr.port() == 53);
+    let ip = cluster_ip.or_else(|| match super::unique(dns.map(|s| s.addr.ip()))[..] {
+        [only] => Some(only),
+        _ => None,
     });
     let Some(ip) = ip else {
         return KubeDns::default();
     };
-    let at = |udp: bool| {
-        services
-            .iter()
-            .filter(move |s| s.udp == udp && s.addr == SocketAddr::new(ip, 53))
-    };
+    let kube_dns = SocketAddr::new(ip, 53);
     // The same virtual service may appear twice in the text; each real server is listed once.
-    let real = |udp: bool| super::unique(at(udp).flat_map(|s| s.real.iter().copied()));
+    let real = |udp: bool| {
+        let at = services
+            .iter()
+            .filter(|s| s.udp == udp && s.addr == kube_dns);
+        super::unique(at.flat_map(|s| s.real.iter().copied()))
+    };
+    let listed = services.iter().any(|s| s.addr == kube_dns);
     KubeDns {
         udp: real(true),
         tcp: real(false),
-        cluster_ip: (at(true).next().is_some() || at(false).next().is_some()).then_some(ip),
+        cluster_ip: listed.then_some(ip),
     }
 }
 

@@ -27,27 +27,20 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
-use super::resolv_conf::push_usable;
+use super::resolv_conf::usable;
 
 pub const DEFAULT_DIR: &str = "/run/systemd/netif/leases";
 
 /// The servers of one lease file's `DNS=` line, in order, without loopback, unspecified or our
 /// own listener addresses (`skip`): forwarding to those would loop back to us.
 pub fn parse(text: &str, skip: &[IpAddr]) -> Vec<SocketAddr> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let Some(value) = line.trim().strip_prefix("DNS=") else {
-            continue;
-        };
-        // networkd writes the addresses bare; an env-file reader would also take them quoted.
-        let value = value.trim().trim_matches(['"', '\'']);
-        for word in value.split_whitespace() {
-            if let Ok(ip) = word.parse::<IpAddr>() {
-                push_usable(&mut out, SocketAddr::new(ip, 53), skip);
-            }
-        }
-    }
-    out
+    let values = text
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("DNS="));
+    // networkd writes the addresses bare; an env-file reader would also take them quoted.
+    let words = values.flat_map(|value| value.trim().trim_matches(['"', '\'']).split_whitespace());
+    let ips = words.filter_map(|word| word.parse::<IpAddr>().ok());
+    usable(ips.map(|ip| SocketAddr::new(ip, 53)), skip)
 }
 
 /// Every lease file in `dir` (files named by an interface index, in index order), their servers
@@ -64,17 +57,11 @@ pub fn read(dir: &Path, skip: &[IpAddr]) -> Result<Vec<SocketAddr>, String> {
         })
         .collect();
     files.sort();
-    let mut out: Vec<SocketAddr> = Vec::new();
-    for (_, path) in files {
-        // A lease may be replaced or removed between the listing and the read: skip it.
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
-        };
-        for addr in parse(&text, skip) {
-            push_usable(&mut out, addr, skip);
-        }
-    }
-    Ok(out)
+    // A lease may be replaced or removed between the listing and the read: skip it.
+    let texts = files
+        .iter()
+        .filter_map(|(_, path)| std::fs::read_to_string(path).ok());
+    Ok(super::unique(texts.flat_map(|text| parse(&text, skip))))
 }
 
 /// The VNet DNS servers of the leases in `dir` (`None`: `--dhcp-leases none`) and where they

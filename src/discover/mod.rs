@@ -165,27 +165,21 @@ pub fn find_kube_dns(settings: &Settings) -> KubeDnsFinding {
             Source::Nftables => nftables::discover(service),
             Source::Ipvs => ipvs::discover(finding.cluster_ip),
             Source::Cilium => cilium::discover(&settings.cilium_socket, service),
-            Source::ClusterIp => finding
-                .cluster_ip
-                .map(|ip| KubeDns {
+            Source::ClusterIp => match finding.cluster_ip {
+                Some(ip) => Ok(KubeDns {
                     udp: vec![SocketAddr::new(ip, 53)],
                     ..KubeDns::default()
-                })
-                .ok_or_else(|| {
-                    "no ClusterIP known (no source showed one and no --cluster-ip)".to_string()
                 }),
+                None => Err("no ClusterIP known (no source showed one and no --cluster-ip)".into()),
+            },
         };
         match result {
             Ok(found) => {
                 finding.cluster_ip = finding.cluster_ip.or(found.cluster_ip);
                 // UDP backends serve TCP too (same pods); the TCP list only stands in when a
                 // source shows no UDP port.
-                let upstreams = if found.udp.is_empty() {
-                    found.tcp
-                } else {
-                    found.udp
-                };
-                if !upstreams.is_empty() {
+                let lists = [found.udp, found.tcp];
+                if let Some(upstreams) = lists.into_iter().find(|list| !list.is_empty()) {
                     finding.upstreams = upstreams;
                     finding.source = Some(source);
                     return finding;

@@ -32,24 +32,22 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// Reads both kube-proxy tables and returns their kube-dns backends, IPv4 first (see
 /// [`super::both_families`]).
 pub fn discover(service: &ServiceName) -> Result<KubeDns, String> {
-    super::both_families(|ipv6| read_table(if ipv6 { "ip6" } else { "ip" }, service))
-}
-
-/// One family's table.
-fn read_table(family: &str, service: &ServiceName) -> Result<KubeDns, String> {
-    match tool::run(
-        "nft",
-        &["-j", "list", "table", family, "kube-proxy"],
-        NFT_TIMEOUT,
-    ) {
-        Ok(json) => parse(&json, service),
-        // nft's only word for a missing table (ENOENT from netlink). The same sentence for both
-        // families, so a node with neither says it once.
-        Err(e) if e.contains("No such file or directory") => {
-            Err("no nftables table kube-proxy: kube-proxy is not in nftables mode".into())
+    super::both_families(|ipv6| {
+        let family = if ipv6 { "ip6" } else { "ip" };
+        match tool::run(
+            "nft",
+            &["-j", "list", "table", family, "kube-proxy"],
+            NFT_TIMEOUT,
+        ) {
+            Ok(json) => parse(&json, service),
+            // nft's only word for a missing table (ENOENT from netlink). The same sentence for
+            // both families, so a node with neither says it once.
+            Err(e) if e.contains("No such file or directory") => {
+                Err("no nftables table kube-proxy: kube-proxy is not in nftables mode".into())
+            }
+            Err(e) => Err(e),
         }
-        Err(e) => Err(e),
-    }
+    })
 }
 
 /// Parses one kube-proxy table as `nft -j` prints it. `Err` when the text is not nft's JSON;
@@ -88,13 +86,11 @@ struct Doc<'a> {
 }
 
 #[derive(Deserialize)]
-struct Item<'a> {
-    #[serde(borrow)]
-    chain: Option<Named<'a>>,
-    #[serde(borrow)]
-    rule: Option<Rule<'a>>,
-    #[serde(borrow)]
-    map: Option<Map<'a>>,
+#[serde(rename_all = "lowercase")]
+enum Item<'a> {
+    Chain(#[serde(borrow)] Named<'a>),
+    Rule(#[serde(borrow)] Rule<'a>),
+    Map(#[serde(borrow)] Map<'a>),
 }
 
 #[derive(Deserialize)]
@@ -139,14 +135,14 @@ impl<'a> Table<'a> {
     fn new(items: &'a [Item<'a>]) -> Table<'a> {
         let mut table = Table::default();
         for item in items {
-            if let Some(chain) = &item.chain {
-                table.chains.push(&chain.name);
-            } else if let Some(rule) = &item.rule {
-                if let Some(expr) = rule.expr {
-                    table.rules.entry(&rule.chain).or_default().push(expr);
-                }
-            } else if let Some(map) = item.map.as_ref().filter(|m| m.name == "service-ips") {
-                table.service_ips = map.elem;
+            match item {
+                Item::Chain(chain) => table.chains.push(&chain.name),
+                Item::Rule(Rule {
+                    chain,
+                    expr: Some(expr),
+                }) => table.rules.entry(chain).or_default().push(expr),
+                Item::Map(map) if map.name == "service-ips" => table.service_ips = map.elem,
+                _ => {}
             }
         }
         table

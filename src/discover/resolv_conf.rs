@@ -11,29 +11,22 @@ pub const DEFAULT_PATH: &str = "/run/systemd/resolve/resolv.conf";
 /// (127.0.0.53, ::1) and without our own listener addresses (`skip`): forwarding to those would
 /// loop straight back to us.
 pub fn parse(text: &str, skip: &[IpAddr]) -> Vec<SocketAddr> {
-    let mut out: Vec<SocketAddr> = Vec::new();
-    for line in text.lines() {
+    let servers = text.lines().filter_map(|line| {
         let line = line.split(['#', ';']).next().unwrap_or("");
-        let mut words = line.split_whitespace();
-        if words.next() != Some("nameserver") {
-            continue;
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["nameserver", server, ..] => parse_server(server),
+            _ => None,
         }
-        let Some(addr) = words.next().and_then(parse_server) else {
-            continue;
-        };
-        push_usable(&mut out, addr, skip);
-    }
-    out
+    });
+    usable(servers, skip)
 }
 
-/// Adds a VNet DNS server to `out` unless it is there already or forwarding to it would loop
-/// back to us: a loopback stub (127.0.0.53, ::1), the unspecified address, or one of our own
-/// listener addresses (`skip`). Every VNet DNS source goes through this one loop guard.
-pub fn push_usable(out: &mut Vec<SocketAddr>, addr: SocketAddr, skip: &[IpAddr]) {
-    let ip = addr.ip();
-    if !(ip.is_loopback() || ip.is_unspecified() || skip.contains(&ip) || out.contains(&addr)) {
-        out.push(addr);
-    }
+/// `servers` in order, each once, without those forwarding to which would loop back to us: a
+/// loopback stub (127.0.0.53, ::1), the unspecified address, or one of our own listener
+/// addresses (`skip`). Every VNet DNS source goes through this one loop guard.
+pub fn usable(servers: impl IntoIterator<Item = SocketAddr>, skip: &[IpAddr]) -> Vec<SocketAddr> {
+    let loops = |ip: IpAddr| ip.is_loopback() || ip.is_unspecified() || skip.contains(&ip);
+    super::unique(servers.into_iter().filter(|addr| !loops(addr.ip())))
 }
 
 /// `1.2.3.4`, `fd00::1` or a link-local `fe80::1%eth0` (the zone picks the interface).
