@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Socket, Type};
@@ -104,32 +104,49 @@ fn bind_pair_once(
     addr: SocketAddr,
     to_us: bool,
 ) -> io::Result<(Socket, Socket, SocketAddr, (Place, Place))> {
-    let (udp, udp_slot) = join(addr, Type::DGRAM, to_us)?;
+    let (udp, udp_slot) = join(addr, Proto::Udp, to_us)?;
     let addr = udp
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
-    let (tcp, tcp_slot) = join(addr, Type::STREAM, to_us)?;
+    let (tcp, tcp_slot) = join(addr, Proto::Tcp, to_us)?;
     Ok((udp, tcp, addr, (udp_slot, tcp_slot)))
 }
 
-/// A socket of `ty` bound to `addr` (a TCP one listening), its group steered from the instant
-/// it joined, and its place there.
-fn join(addr: SocketAddr, ty: Type, to_us: bool) -> io::Result<(Socket, Place)> {
+/// A socket of `proto` bound to `addr` (a TCP one listening), its group steered from the
+/// instant it joined, and its place there.
+fn join(addr: SocketAddr, proto: Proto, to_us: bool) -> io::Result<(Socket, Place)> {
     // Members already in the group come first; we join at the end. (A process binding at the
     // same instant could take our index; LocalDNS does not start while we start.)
     // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
     // ours already holds with SO_REUSEPORT, and the two would share it.
     let share = addr.port() != 0;
-    let proto = if ty == Type::DGRAM {
-        Proto::Udp
-    } else {
-        Proto::Tcp
-    };
     let before = members_before(addr, proto, share);
-    let socket = new_socket(addr, ty, share)?;
-    socket.bind(&addr.into())?;
-    if proto == Proto::Tcp {
+    let ty = match proto {
+        Proto::Udp => Type::DGRAM,
+        Proto::Tcp => Type::STREAM,
+    };
+    // No protocol: the family's own for the type, UDP or TCP.
+    let socket = Socket::new(Domain::for_address(addr), ty, None)?;
+    // The listener addresses may not be on the interface yet (the link is being recreated); with
+    // IP_FREEBIND the bind does not depend on the order in which addresses appear.
+    if addr.is_ipv4() {
+        socket.set_freebind_v4(true)?;
+    } else {
+        socket.set_only_v6(true)?;
+        socket.set_freebind_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    // Share the port with LocalDNS's CoreDNS (same user, SO_REUSEPORT): see the module docs.
+    socket.set_reuse_port(share)?;
+    if proto == Proto::Udp {
+        let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+        let _ = socket.set_send_buffer_size(SEND_BUFFER);
+        socket.bind(&addr.into())?;
+    } else {
+        // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
         // A TCP socket joins its group when it starts listening; the program goes on after that.
         socket.listen(TCP_BACKLOG)?;
     }
@@ -137,7 +154,8 @@ fn join(addr: SocketAddr, ty: Type, to_us: bool) -> io::Result<(Socket, Place)> 
     if let (true, Some(before)) = (share, &before) {
         steer_at_join(socket.as_fd(), before.len() as u32, to_us, addr);
     }
-    let ours = inode(socket.as_fd())?;
+    // Our socket's inode, the number sock_diag names it by.
+    let ours = nix::sys::stat::fstat(socket.as_fd())?.st_ino;
     let place = before.map_or(Place::unknown(ours), |b| Place::joined(ours, &b));
     Ok((socket, place))
 }
@@ -155,35 +173,6 @@ fn members_before(addr: SocketAddr, proto: Proto, share: bool) -> Option<Vec<u64
             tracing::warn!(%addr, ?proto, error = %e, "cannot list the port's group; sharing flows with any other member")
         })
         .ok()
-}
-
-/// A socket's inode, the number sock_diag names it by.
-fn inode(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    Ok(nix::sys::stat::fstat(fd).map_err(io::Error::from)?.st_ino)
-}
-
-fn new_socket(addr: SocketAddr, ty: Type, share: bool) -> io::Result<Socket> {
-    // No protocol: the family's own for the type, UDP or TCP.
-    let socket = Socket::new(Domain::for_address(addr), ty, None)?;
-    // The listener addresses may not be on the interface yet (the link is being recreated); with
-    // IP_FREEBIND the bind does not depend on the order in which addresses appear.
-    if addr.is_ipv4() {
-        socket.set_freebind_v4(true)?;
-    } else {
-        socket.set_only_v6(true)?;
-        socket.set_freebind_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    // Share the port with LocalDNS's CoreDNS (same user, SO_REUSEPORT): see the module docs.
-    socket.set_reuse_port(share)?;
-    if ty == Type::DGRAM {
-        let _ = socket.set_recv_buffer_size(RECV_BUFFER);
-        let _ = socket.set_send_buffer_size(SEND_BUFFER);
-    } else {
-        // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
-        socket.set_reuse_address(true)?;
-    }
-    Ok(socket)
 }
 
 /// The receive and send buffers the kernel actually granted, for the start-up log.

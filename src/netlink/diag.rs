@@ -26,8 +26,6 @@ pub enum Proto {
 /// A member of a group on one port: local address, inode and what waits unread in it, and the id
 /// of the cgroup (v2) of the process that made the socket.
 pub type Entry = (IpAddr, Queue, u64);
-/// The members of the groups on one port.
-pub type Dump = Vec<Entry>;
 
 /// Sockets seen in a look, each with its cgroup id.
 pub type Looked = Vec<(Queue, u64)>;
@@ -99,7 +97,7 @@ impl Diag {
                 return Ok(read);
             }
         }
-        let mut dumps: Vec<((u16, bool, Proto), Dump)> = Vec::new();
+        let mut dumps: Vec<((u16, bool, Proto), Vec<Entry>)> = Vec::new();
         let mut read = Vec::with_capacity(groups.len());
         for &(addr, proto, ours) in groups {
             let key = (addr.port(), addr.is_ipv6(), proto);
@@ -157,20 +155,20 @@ impl Diag {
         theirs: &Looked,
     ) -> io::Result<Option<Vec<u16>>> {
         let mut keys: Vec<Option<u16>> = vec![None; theirs.len()];
-        let mut port = 1;
-        while port <= KEY_TRIES && keys.iter().any(Option::is_none) {
-            let ports: Vec<u16> = (port..port + KEYS_AT_ONCE).collect();
-            port += KEYS_AT_ONCE;
+        let mut first = 1;
+        while first <= KEY_TRIES && keys.iter().any(Option::is_none) {
+            // Request `seq` asks for peer port `first + seq`.
             let mut reqs = Vec::new();
-            for (seq, &p) in ports.iter().enumerate() {
-                one_request(&mut reqs, group, p, seq as u32);
+            for seq in 0..KEYS_AT_ONCE {
+                one_request(&mut reqs, group, first + seq, u32::from(seq));
             }
-            for (seq, found) in self.exchange(&reqs, ports.len())? {
+            for (seq, found) in self.exchange(&reqs, usize::from(KEYS_AT_ONCE))? {
                 let Some(m) = found else { continue };
                 if let Some(at) = theirs.iter().position(|(t, _)| t.inode == m.1.inode) {
-                    keys[at].get_or_insert(ports[seq as usize]);
+                    keys[at].get_or_insert(first + seq as u16);
                 }
             }
+            first += KEYS_AT_ONCE;
         }
         Ok(keys.into_iter().collect())
     }
@@ -256,7 +254,7 @@ impl Diag {
 
     /// The members of every group on `port` (of IPv6 addresses if `v6`), by local address: one
     /// dump serves both listeners.
-    pub fn port(&self, port: u16, v6: bool, proto: Proto) -> io::Result<Dump> {
+    pub fn port(&self, port: u16, v6: bool, proto: Proto) -> io::Result<Vec<Entry>> {
         let mut members = Vec::new();
         let each = |m: &super::Message| members.extend(member(m.payload));
         self.nl.dump(&request(port, v6, proto), each)?;
@@ -267,7 +265,7 @@ impl Diag {
 /// The sockets of `addr`'s group, with a sock_diag socket of their own.
 pub fn group_members(addr: SocketAddr, proto: Proto) -> io::Result<Vec<u64>> {
     let members = Diag::open()?.members(addr, proto)?;
-    Ok(members.into_iter().map(|m| m.inode).collect())
+    Ok(members.iter().map(|m| m.inode).collect())
 }
 
 /// nlmsghdr and inet_diag_req_v2 for `proto` sockets of the family `v6` says, in `states`, with

@@ -20,13 +20,13 @@ pub mod owners;
 pub mod probe;
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::socket::MsgFlags;
+use nix::sys::socket::{MsgFlags, recv};
 
 use crate::cli::Config;
 use crate::flows::{Addresses, Cause, Flows, Holder, Out, ROUNDS_TO_ACT};
@@ -279,13 +279,14 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
             strayed = true;
             flows.stray(now);
         }
-        // An overrun of the announcements (an error to read) counts as a change too.
-        let announced = changes.is_some() && revents(2);
-        if announced {
-            drain(changes.as_ref());
-        }
-        if let Some(found) = announced.then(|| where_addresses(&config, &ours)).flatten() {
-            flows.addresses(now, found);
+        // An overrun of the announcements (an error to read) counts as a change too. Every
+        // queued one is read: only "something changed" matters.
+        if let Some(fd) = changes.as_ref().filter(|_| revents(2)) {
+            let mut buf = [0u8; 8192];
+            while recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).is_ok_and(|n| n > 0) {}
+            if let Some(found) = where_addresses(&config, &ours) {
+                flows.addresses(now, found);
+            }
         }
         if let Some(end) = round {
             let seen = prober.read().or((now >= end).then_some(Seen::Silent));
@@ -294,14 +295,6 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                 flows.asked(now, seen == Seen::Serving);
             }
         }
-    }
-}
-
-/// Reads every queued address announcement: only "something changed" matters.
-fn drain(changes: Option<&OwnedFd>) {
-    let Some(fd) = changes else { return };
-    let mut buf = [0u8; 8192];
-    while nix::sys::socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).is_ok_and(|n| n > 0) {
     }
 }
 
