@@ -10,7 +10,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
-use nix::libc::{self, NLM_F_DUMP, NLM_F_REQUEST, c_int};
+use nix::libc::{self, NLM_F_DUMP, NLM_F_REQUEST};
 use nix::sys::socket::{MsgFlags, SockFlag, SockProtocol};
 
 use super::{Netlink, attributes, messages, push_header};
@@ -268,23 +268,14 @@ pub fn group_members(addr: SocketAddr, proto: Proto) -> io::Result<Vec<u64>> {
     Ok(members.iter().map(|m| m.inode).collect())
 }
 
-/// nlmsghdr and inet_diag_req_v2 for `proto` sockets of the family `v6` says, in `states`, with
-/// socket id `id` (sport, dport, src, dst, interface, cookie); `more` bytes follow.
-fn push_request(
-    m: &mut Vec<u8>,
-    (flags, seq): (c_int, u32),
-    v6: bool,
-    proto: Proto,
-    states: u32,
-    id: &[u8; 48],
-    more: usize,
-) {
+/// An inet_diag_req_v2 (56 bytes) for `proto` sockets of the family `v6` says, in `states`, with
+/// socket id `id` (sport, dport, src, dst, interface, cookie).
+fn push_req_v2(m: &mut Vec<u8>, v6: bool, proto: Proto, states: u32, id: &[u8; 48]) {
     let family = if v6 { libc::AF_INET6 } else { libc::AF_INET } as u8;
     let protocol = match proto {
         Proto::Udp => libc::IPPROTO_UDP,
         Proto::Tcp => libc::IPPROTO_TCP,
     } as u8;
-    push_header(m, 56 + more, SOCK_DIAG_BY_FAMILY, flags, seq);
     m.extend_from_slice(&[family, protocol, 0, 0]);
     m.extend_from_slice(&states.to_ne_bytes());
     m.extend_from_slice(id);
@@ -298,15 +289,14 @@ fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
         Proto::Tcp => TCP_LISTEN,
     };
     let mut m = Vec::with_capacity(16 + 56 + 16);
-    push_request(
+    push_header(
         &mut m,
-        (NLM_F_REQUEST | NLM_F_DUMP, 0),
-        v6,
-        proto,
-        1 << state,
-        &[0; 48],
-        16,
+        56 + 16,
+        SOCK_DIAG_BY_FAMILY,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        0,
     );
+    push_req_v2(&mut m, v6, proto, 1 << state, &[0; 48]);
     // One S_COND op (code, yes, no) then its inet_diag_hostcond (any family, prefix 0, port):
     // a match jumps to the end (accept), a miss one word past it (reject).
     m.extend_from_slice(&16u16.to_ne_bytes());
@@ -339,15 +329,8 @@ fn one_request(m: &mut Vec<u8>, (addr, proto): (SocketAddr, Proto), key: u16, se
     id[4..20].copy_from_slice(&src);
     id[20..36].copy_from_slice(&dst);
     id[40..].copy_from_slice(&[0xff; 8]);
-    push_request(
-        m,
-        (NLM_F_REQUEST, seq),
-        addr.is_ipv6(),
-        proto,
-        u32::MAX,
-        &id,
-        0,
-    );
+    push_header(m, 56, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, seq);
+    push_req_v2(m, addr.is_ipv6(), proto, u32::MAX, &id);
 }
 
 /// An inet_diag_msg and its attributes: its local address, the member it names if it is
