@@ -73,9 +73,7 @@ impl Held {
     /// New flows to LocalDNS on every listener (none skipped when one fails); true if all of
     /// them were handed over. Read the places first.
     pub fn hand_over_all(held: &mut [Held]) -> bool {
-        held.iter_mut()
-            .map(Held::stand_aside)
-            .fold(true, |all, handed| all & handed)
+        held.iter_mut().fold(true, |all, h| h.stand_aside() & all)
     }
 
     /// New flows to us again, except LocalDNS's probe questions over UDP, which go on reaching
