@@ -5,10 +5,10 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Socket, Type};
 
 use super::steer::{Held, Place, steer_at_join};
 use crate::netlink::{Proto, group_members};
@@ -104,35 +104,60 @@ fn bind_pair_once(
     addr: SocketAddr,
     to_us: bool,
 ) -> io::Result<(Socket, Socket, SocketAddr, (Place, Place))> {
-    // Members already in each group come first; we join at the end. (A process binding at the
-    // same instant could take our index; LocalDNS does not start while we start.)
-    // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
-    // ours already holds with SO_REUSEPORT, and the two would share it.
-    let share = addr.port() != 0;
-    let udp_before = members_before(addr, Proto::Udp, share);
-    let udp = new_socket(addr, Type::DGRAM, Protocol::UDP, share)?;
-    udp.bind(&addr.into())?;
-    // Nothing between the join and the steering: see `steer_at_join`.
-    if let (true, Some(before)) = (share, &udp_before) {
-        steer_at_join(udp.as_fd(), before.len() as u32, to_us, addr);
-    }
+    let (udp, udp_slot) = join(addr, Proto::Udp, to_us)?;
     let addr = udp
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("a UDP socket bound to a non-IP address"))?;
-    let udp_slot = place(inode(udp.as_fd())?, udp_before.as_deref());
-    let tcp_before = members_before(addr, Proto::Tcp, share);
-    let tcp = new_socket(addr, Type::STREAM, Protocol::TCP, share)?;
-    // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
-    tcp.set_reuse_address(true)?;
-    tcp.bind(&addr.into())?;
-    // A TCP socket joins its group when it starts listening; the program goes on after that.
-    tcp.listen(TCP_BACKLOG)?;
-    if let (true, Some(before)) = (share, &tcp_before) {
-        steer_at_join(tcp.as_fd(), before.len() as u32, to_us, addr);
-    }
-    let tcp_slot = place(inode(tcp.as_fd())?, tcp_before.as_deref());
+    let (tcp, tcp_slot) = join(addr, Proto::Tcp, to_us)?;
     Ok((udp, tcp, addr, (udp_slot, tcp_slot)))
+}
+
+/// A socket of `proto` bound to `addr` (a TCP one listening), its group steered from the
+/// instant it joined, and its place there.
+fn join(addr: SocketAddr, proto: Proto, to_us: bool) -> io::Result<(Socket, Place)> {
+    // Members already in the group come first; we join at the end. (A process binding at the
+    // same instant could take our index; LocalDNS does not start while we start.)
+    // Port 0 (tests) is not shared: the kernel may pick an ephemeral port that another socket of
+    // ours already holds with SO_REUSEPORT, and the two would share it.
+    let share = addr.port() != 0;
+    let before = members_before(addr, proto, share);
+    let ty = match proto {
+        Proto::Udp => Type::DGRAM,
+        Proto::Tcp => Type::STREAM,
+    };
+    // No protocol: the family's own for the type, UDP or TCP.
+    let socket = Socket::new(Domain::for_address(addr), ty, None)?;
+    // The listener addresses may not be on the interface yet (the link is being recreated); with
+    // IP_FREEBIND the bind does not depend on the order in which addresses appear.
+    if addr.is_ipv4() {
+        socket.set_freebind_v4(true)?;
+    } else {
+        socket.set_only_v6(true)?;
+        socket.set_freebind_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    // Share the port with LocalDNS's CoreDNS (same user, SO_REUSEPORT): see the module docs.
+    socket.set_reuse_port(share)?;
+    if proto == Proto::Udp {
+        let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+        let _ = socket.set_send_buffer_size(SEND_BUFFER);
+        socket.bind(&addr.into())?;
+    } else {
+        // Lets a restart bind while connections of the previous run sit in TIME_WAIT.
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        // A TCP socket joins its group when it starts listening; the program goes on after that.
+        socket.listen(TCP_BACKLOG)?;
+    }
+    // Nothing between the join and the steering: see `steer_at_join`.
+    if let (true, Some(before)) = (share, &before) {
+        steer_at_join(socket.as_fd(), before.len() as u32, to_us, addr);
+    }
+    // Our socket's inode, the number sock_diag names it by.
+    let ours = nix::sys::stat::fstat(socket.as_fd())?.st_ino;
+    let place = before.map_or(Place::unknown(ours), |b| Place::joined(ours, &b));
+    Ok((socket, place))
 }
 
 /// The members already in `addr`'s group, or None where the kernel will not list them (sock_diag
@@ -150,34 +175,6 @@ fn members_before(addr: SocketAddr, proto: Proto, share: bool) -> Option<Vec<u64
         .ok()
 }
 
-fn place(ours: u64, before: Option<&[u64]>) -> Place {
-    before.map_or(Place::unknown(ours), |b| Place::joined(ours, b))
-}
-
-/// A socket's inode, the number sock_diag names it by.
-fn inode(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    Ok(nix::sys::stat::fstat(fd).map_err(io::Error::from)?.st_ino)
-}
-
-fn new_socket(addr: SocketAddr, ty: Type, proto: Protocol, share: bool) -> io::Result<Socket> {
-    let socket = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
-    // The listener addresses may not be on the interface yet (the link is being recreated); with
-    // IP_FREEBIND the bind does not depend on the order in which addresses appear.
-    if addr.is_ipv4() {
-        socket.set_freebind_v4(true)?;
-    } else {
-        socket.set_only_v6(true)?;
-        socket.set_freebind_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    // Share the port with LocalDNS's CoreDNS (same user, SO_REUSEPORT): see the module docs.
-    socket.set_reuse_port(share)?;
-    if ty == Type::DGRAM {
-        let _ = socket.set_recv_buffer_size(RECV_BUFFER);
-        let _ = socket.set_send_buffer_size(SEND_BUFFER);
-    }
-    Ok(socket)
-}
 /// The receive and send buffers the kernel actually granted, for the start-up log.
 pub fn buffers(socket: &std::net::UdpSocket) -> (usize, usize) {
     let s = socket2::SockRef::from(socket);

@@ -6,6 +6,7 @@ use std::io;
 use std::net::SocketAddr;
 
 use crate::netlink::{Diag, Looked, Proto};
+use nix::errno::Errno;
 use nix::libc::{
     self, BPF_A, BPF_ABS, BPF_ADD, BPF_ALU, BPF_B, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD,
     BPF_LEN, BPF_MOD, BPF_RET, BPF_W, SKF_AD_OFF,
@@ -72,9 +73,7 @@ impl Held {
     /// New flows to LocalDNS on every listener (none skipped when one fails); true if all of
     /// them were handed over. Read the places first.
     pub fn hand_over_all(held: &mut [Held]) -> bool {
-        held.iter_mut()
-            .map(Held::stand_aside)
-            .fold(true, |all, handed| all & handed)
+        held.iter_mut().fold(true, |all, h| h.stand_aside() & all)
     }
 
     /// New flows to us again, except LocalDNS's probe questions over UDP, which go on reaching
@@ -93,7 +92,7 @@ impl Held {
             None => unsteer(self.udp_fd.as_fd()),
         };
         let tcp = match self.tcp.index() {
-            Some(ours) => steer_to(self.tcp_fd.as_fd(), ours),
+            Some(ours) => attach(self.tcp_fd.as_fd(), &program_to(ours)),
             None => unsteer(self.tcp_fd.as_fd()),
         };
         match udp.and(tcp) {
@@ -124,7 +123,10 @@ impl Held {
             let members = place.members();
             handed &= members > 1 && place.index().is_some();
             let steered = match place.index() {
-                Some(ours) => steer_away(fd.as_fd(), ours, members.max(ours + 1).max(2)),
+                Some(ours) => attach(
+                    fd.as_fd(),
+                    &program_away(ours, members.max(ours + 1).max(2)),
+                ),
                 None => Err(io::Error::other(
                     "our place in the port's group is no longer known; steering left as it is",
                 )),
@@ -153,16 +155,11 @@ impl Held {
 
     /// The members but ours of the `proto` group of each listener in `held`, in its order.
     fn theirs(diag: &mut Diag, held: &[Held], proto: Proto, dump: bool) -> io::Result<Vec<Looked>> {
-        let groups: Vec<_> = held
-            .iter()
-            .map(|h| {
-                let place = match proto {
-                    Proto::Udp => &h.udp,
-                    Proto::Tcp => &h.tcp,
-                };
-                (h.addr, proto, place.ours)
-            })
-            .collect();
+        let ours = |h: &Held| match proto {
+            Proto::Udp => h.udp.ours,
+            Proto::Tcp => h.tcp.ours,
+        };
+        let groups: Vec<_> = held.iter().map(|h| (h.addr, proto, ours(h))).collect();
         diag.theirs(&groups, dump)
     }
 
@@ -206,10 +203,8 @@ impl Place {
     /// Our socket in a group whose members could not be listed: no index to steer by.
     pub fn unknown(ours: u64) -> Place {
         Place {
-            ours,
-            below: Default::default(),
-            above: Vec::new(),
             known: false,
+            ..Place::joined(ours, &[])
         }
     }
 
@@ -365,30 +360,14 @@ fn attach(fd: BorrowedFd<'_>, program: &[libc::sock_filter]) -> io::Result<()> {
 /// for: without it we still serve, sharing flows.
 pub(super) fn steer_at_join(fd: BorrowedFd<'_>, ours: u32, to_us: bool, addr: SocketAddr) {
     let steered = match to_us {
-        true => steer_to(fd, ours),
+        true => attach(fd, &program_to(ours)),
         // Alone (`ours` 0), the program picks index 1: nobody until LocalDNS joins (the kernel
         // then hashes, to us), and LocalDNS from the moment it does.
-        false => steer_away(fd, ours, (ours + 1).max(2)),
+        false => attach(fd, &program_away(ours, (ours + 1).max(2))),
     };
     if let Err(e) = steered {
         tracing::warn!(%addr, to_us, error = %e, "cannot steer flows; sharing them with any other member");
     }
-}
-
-/// Attaches to `fd`'s group a program that sends every flow to the member at `slot`.
-pub fn steer_to(fd: BorrowedFd<'_>, slot: u32) -> io::Result<()> {
-    attach(fd, &program_to(slot))
-}
-
-/// Attaches to `fd`'s group a program that sends flows to any member but the one at `ours`.
-pub fn steer_away(fd: BorrowedFd<'_>, ours: u32, members: u32) -> io::Result<()> {
-    if members < 2 || ours >= members {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("no other member to steer to (slot {ours} of {members})"),
-        ));
-    }
-    attach(fd, &program_away(ours, members))
 }
 
 /// Removes the steering program from `fd`'s group; a group without one is left as it is.
@@ -404,12 +383,9 @@ pub fn unsteer(fd: BorrowedFd<'_>) -> io::Result<()> {
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    match rc {
-        0 => Ok(()),
-        _ => match io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            e => Err(e),
-        },
+    match Errno::result(rc) {
+        Ok(_) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

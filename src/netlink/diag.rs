@@ -10,7 +10,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
-use nix::libc::{self, NLM_F_DUMP, NLM_F_REQUEST, c_int};
+use nix::libc::{self, NLM_F_DUMP, NLM_F_REQUEST};
 use nix::sys::socket::{MsgFlags, SockFlag, SockProtocol};
 
 use super::{Netlink, attributes, messages, push_header};
@@ -26,8 +26,6 @@ pub enum Proto {
 /// A member of a group on one port: local address, inode and what waits unread in it, and the id
 /// of the cgroup (v2) of the process that made the socket.
 pub type Entry = (IpAddr, Queue, u64);
-/// The members of the groups on one port.
-pub type Dump = Vec<Entry>;
 
 /// Sockets seen in a look, each with its cgroup id.
 pub type Looked = Vec<(Queue, u64)>;
@@ -99,7 +97,7 @@ impl Diag {
                 return Ok(read);
             }
         }
-        let mut dumps: Vec<((u16, bool, Proto), Dump)> = Vec::new();
+        let mut dumps: Vec<((u16, bool, Proto), Vec<Entry>)> = Vec::new();
         let mut read = Vec::with_capacity(groups.len());
         for &(addr, proto, ours) in groups {
             let key = (addr.port(), addr.is_ipv6(), proto);
@@ -157,20 +155,20 @@ impl Diag {
         theirs: &Looked,
     ) -> io::Result<Option<Vec<u16>>> {
         let mut keys: Vec<Option<u16>> = vec![None; theirs.len()];
-        let mut port = 1;
-        while port <= KEY_TRIES && keys.iter().any(Option::is_none) {
-            let ports: Vec<u16> = (port..port + KEYS_AT_ONCE).collect();
-            port += KEYS_AT_ONCE;
+        let mut first = 1;
+        while first <= KEY_TRIES && keys.iter().any(Option::is_none) {
+            // Request `seq` asks for peer port `first + seq`.
             let mut reqs = Vec::new();
-            for (seq, &p) in ports.iter().enumerate() {
-                one_request(&mut reqs, group, p, seq as u32);
+            for seq in 0..KEYS_AT_ONCE {
+                one_request(&mut reqs, group, first + seq, u32::from(seq));
             }
-            for (seq, found) in self.exchange(&reqs, ports.len())? {
+            for (seq, found) in self.exchange(&reqs, usize::from(KEYS_AT_ONCE))? {
                 let Some(m) = found else { continue };
                 if let Some(at) = theirs.iter().position(|(t, _)| t.inode == m.1.inode) {
-                    keys[at].get_or_insert(ports[seq as usize]);
+                    keys[at].get_or_insert(first + seq as u16);
                 }
             }
+            first += KEYS_AT_ONCE;
         }
         Ok(keys.into_iter().collect())
     }
@@ -256,7 +254,7 @@ impl Diag {
 
     /// The members of every group on `port` (of IPv6 addresses if `v6`), by local address: one
     /// dump serves both listeners.
-    pub fn port(&self, port: u16, v6: bool, proto: Proto) -> io::Result<Dump> {
+    pub fn port(&self, port: u16, v6: bool, proto: Proto) -> io::Result<Vec<Entry>> {
         let mut members = Vec::new();
         let each = |m: &super::Message| members.extend(member(m.payload));
         self.nl.dump(&request(port, v6, proto), each)?;
@@ -267,26 +265,17 @@ impl Diag {
 /// The sockets of `addr`'s group, with a sock_diag socket of their own.
 pub fn group_members(addr: SocketAddr, proto: Proto) -> io::Result<Vec<u64>> {
     let members = Diag::open()?.members(addr, proto)?;
-    Ok(members.into_iter().map(|m| m.inode).collect())
+    Ok(members.iter().map(|m| m.inode).collect())
 }
 
-/// nlmsghdr and inet_diag_req_v2 for `proto` sockets of the family `v6` says, in `states`, with
-/// socket id `id` (sport, dport, src, dst, interface, cookie); `more` bytes follow.
-fn push_request(
-    m: &mut Vec<u8>,
-    (flags, seq): (c_int, u32),
-    v6: bool,
-    proto: Proto,
-    states: u32,
-    id: &[u8; 48],
-    more: usize,
-) {
+/// An inet_diag_req_v2 (56 bytes) for `proto` sockets of the family `v6` says, in `states`, with
+/// socket id `id` (sport, dport, src, dst, interface, cookie).
+fn push_req_v2(m: &mut Vec<u8>, v6: bool, proto: Proto, states: u32, id: &[u8; 48]) {
     let family = if v6 { libc::AF_INET6 } else { libc::AF_INET } as u8;
     let protocol = match proto {
         Proto::Udp => libc::IPPROTO_UDP,
         Proto::Tcp => libc::IPPROTO_TCP,
     } as u8;
-    push_header(m, 56 + more, SOCK_DIAG_BY_FAMILY, flags, seq);
     m.extend_from_slice(&[family, protocol, 0, 0]);
     m.extend_from_slice(&states.to_ne_bytes());
     m.extend_from_slice(id);
@@ -300,15 +289,14 @@ fn request(port: u16, v6: bool, proto: Proto) -> Vec<u8> {
         Proto::Tcp => TCP_LISTEN,
     };
     let mut m = Vec::with_capacity(16 + 56 + 16);
-    push_request(
+    push_header(
         &mut m,
-        (NLM_F_REQUEST | NLM_F_DUMP, 0),
-        v6,
-        proto,
-        1 << state,
-        &[0; 48],
-        16,
+        56 + 16,
+        SOCK_DIAG_BY_FAMILY,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        0,
     );
+    push_req_v2(&mut m, v6, proto, 1 << state, &[0; 48]);
     // One S_COND op (code, yes, no) then its inet_diag_hostcond (any family, prefix 0, port):
     // a match jumps to the end (accept), a miss one word past it (reject).
     m.extend_from_slice(&16u16.to_ne_bytes());
@@ -341,15 +329,8 @@ fn one_request(m: &mut Vec<u8>, (addr, proto): (SocketAddr, Proto), key: u16, se
     id[4..20].copy_from_slice(&src);
     id[20..36].copy_from_slice(&dst);
     id[40..].copy_from_slice(&[0xff; 8]);
-    push_request(
-        m,
-        (NLM_F_REQUEST, seq),
-        addr.is_ipv6(),
-        proto,
-        u32::MAX,
-        &id,
-        0,
-    );
+    push_header(m, 56, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, seq);
+    push_req_v2(m, addr.is_ipv6(), proto, u32::MAX, &id);
 }
 
 /// An inet_diag_msg and its attributes: its local address, the member it names if it is

@@ -10,7 +10,7 @@
 mod diag;
 mod route;
 
-pub use diag::{Diag, Dump, Entry, Looked, Proto, group_members};
+pub use diag::{Diag, Entry, Looked, Proto, group_members};
 pub use route::{
     LOOPBACK, Outcome, address_changes, claim_on_loopback, interfaces_of, release_from_loopback,
 };

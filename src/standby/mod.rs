@@ -20,13 +20,13 @@ pub mod owners;
 pub mod probe;
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::socket::MsgFlags;
+use nix::sys::socket::{MsgFlags, recv};
 
 use crate::cli::Config;
 use crate::flows::{Addresses, Cause, Flows, Holder, Out, ROUNDS_TO_ACT};
@@ -47,12 +47,7 @@ pub fn localdns_serves(config: &Config) -> bool {
     let Ok(mut prober) = Prober::new(&listeners, rand::random()) else {
         return false;
     };
-    for _ in 0..ROUNDS_TO_ACT {
-        if prober.ask(probe::WAIT) == Seen::Serving {
-            return true;
-        }
-    }
-    false
+    (0..ROUNDS_TO_ACT).any(|_| prober.ask(probe::WAIT) == Seen::Serving)
 }
 
 /// Why a daemon takes the flows at its start (`None`: it stands by a LocalDNS that answers).
@@ -102,11 +97,6 @@ impl Strays {
             let _ = self.wake.write(1);
         }
     }
-
-    /// Whether a query reached us since the last call.
-    fn came(&self) -> bool {
-        self.wake.read().is_ok()
-    }
 }
 
 /// What the loop acts on and hears from besides its prober.
@@ -124,13 +114,7 @@ pub struct Shell {
 /// poll(2) between its deadlines: each wake costs CPU (about 50 µs on a VM whose CPU sleeps
 /// between wakes), and a runtime's timers and wake-ups cost as much again.
 pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
-    let Shell {
-        held,
-        config,
-        counters,
-        strays,
-        stop,
-    } = shell;
+    let config = &shell.config;
     // A daemon started for a failed LocalDNS put the addresses on lo at its start and keeps no
     // capability to move them (nor does it need to: it leaves when LocalDNS starts).
     let moves_addresses = config.link_setup && config.standby;
@@ -148,10 +132,10 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
     // another link): a daemon that is not a standby put them there at its start (nobody else
     // puts them on lo, so those it found there are its own too).
     let mut ours = match config.link_setup && !config.standby {
-        true => lo_addresses(&config),
+        true => lo_addresses(config),
         false => Vec::new(),
     };
-    if let Some(found) = where_addresses(&config, &ours) {
+    if let Some(found) = where_addresses(config, &ours) {
         flows.addresses(Instant::now(), found);
     }
     // The end of the probe round under way, if one is.
@@ -168,27 +152,27 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         while let Some(out) = flows.poll(now) {
             match out {
                 Out::Take(cause) => {
-                    ours.extend(hold_flows(&held, diag.as_mut(), &config, moves_addresses));
+                    ours.extend(hold_flows(&shell, diag.as_mut(), moves_addresses));
                     tracing::info!("{}; serving its listeners", cause.sentence());
-                    counters.takeovers.took_over(cause, SystemTime::now());
+                    shell.counters.takeovers.took_over(cause, SystemTime::now());
                 }
                 Out::HandBack => {
                     if moves_addresses {
                         ours.clear();
                     }
-                    if give_back(&held, diag.as_mut(), &config, moves_addresses) {
-                        counters.takeovers.handed_back(SystemTime::now());
+                    if give_back(&shell, diag.as_mut(), moves_addresses) {
+                        shell.counters.takeovers.handed_back(SystemTime::now());
                     }
                 }
                 Out::Repoint if flows.holder() == Holder::Fallback => {
-                    let added = hold_flows(&held, diag.as_mut(), &config, moves_addresses);
+                    let added = hold_flows(&shell, diag.as_mut(), moves_addresses);
                     if !added.is_empty() {
                         tracing::info!("listener addresses were gone from lo; put back");
                     }
                     ours.extend(added);
                 }
                 Out::Repoint => {
-                    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut held = shell.held.lock().unwrap_or_else(|p| p.into_inner());
                     Held::read_places(diag.as_mut(), &mut held);
                     Held::hand_over_all(&mut held);
                 }
@@ -207,7 +191,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                 }
                 Out::Look { tcp } => {
                     if changes.is_none() {
-                        if let Some(found) = where_addresses(&config, &ours) {
+                        if let Some(found) = where_addresses(config, &ours) {
                             flows.addresses(now, found);
                         }
                     }
@@ -220,7 +204,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                     // While we hold the flows, every look dumps: it follows the members to keep
                     // our index right (see `flows::LOOK_EVERY`).
                     let dump = flows.holder() == Holder::Fallback || std::mem::take(&mut strayed);
-                    let lock = held.lock().unwrap_or_else(|p| p.into_inner());
+                    let lock = shell.held.lock().unwrap_or_else(|p| p.into_inner());
                     if tcp {
                         tcp_seen = Held::look(diag, &lock, Proto::Tcp, dump);
                     } else if let Ok((theirs, _)) = &mut tcp_seen {
@@ -250,8 +234,8 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
             wake = wake.min(end);
         }
         let mut fds = vec![
-            PollFd::new(stop.fd(), PollFlags::POLLIN),
-            PollFd::new(strays.wake.as_fd(), PollFlags::POLLIN),
+            PollFd::new(shell.stop.fd(), PollFlags::POLLIN),
+            PollFd::new(shell.strays.wake.as_fd(), PollFlags::POLLIN),
         ];
         if let Some(fd) = &changes {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
@@ -275,17 +259,19 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
             return;
         }
         let now = Instant::now();
-        if revents(1) && strays.came() && aside {
+        // A query reached us since the last read.
+        if revents(1) && shell.strays.wake.read().is_ok() && aside {
             strayed = true;
             flows.stray(now);
         }
-        // An overrun of the announcements (an error to read) counts as a change too.
-        let announced = changes.is_some() && revents(2);
-        if announced {
-            drain(changes.as_ref());
-        }
-        if let Some(found) = announced.then(|| where_addresses(&config, &ours)).flatten() {
-            flows.addresses(now, found);
+        // An overrun of the announcements (an error to read) counts as a change too. Every
+        // queued one is read: only "something changed" matters.
+        if let Some(fd) = changes.as_ref().filter(|_| revents(2)) {
+            let mut buf = [0u8; 8192];
+            while recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).is_ok_and(|n| n > 0) {}
+            if let Some(found) = where_addresses(config, &ours) {
+                flows.addresses(now, found);
+            }
         }
         if let Some(end) = round {
             let seen = prober.read().or((now >= end).then_some(Seen::Silent));
@@ -297,30 +283,17 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
     }
 }
 
-/// Reads every queued address announcement: only "something changed" matters.
-fn drain(changes: Option<&OwnedFd>) {
-    let Some(fd) = changes else { return };
-    let mut buf = [0u8; 8192];
-    while nix::sys::socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).is_ok_and(|n| n > 0) {
-    }
-}
-
 /// Puts the listener addresses on lo and steers new flows to us, with our place in the groups
 /// read afresh. Returns the addresses that were missing from lo.
-fn hold_flows(
-    held: &Mutex<Vec<Held>>,
-    diag: Option<&mut Diag>,
-    config: &Config,
-    addresses: bool,
-) -> Vec<IpAddr> {
+fn hold_flows(shell: &Shell, diag: Option<&mut Diag>, addresses: bool) -> Vec<IpAddr> {
     let mut added = Vec::new();
     if addresses {
-        match netlink::claim_on_loopback(&lo_addresses(config)) {
+        match netlink::claim_on_loopback(&lo_addresses(&shell.config)) {
             Ok(outcome) => added = outcome.added,
             Err(e) => tracing::warn!("cannot put the listener addresses on lo: {e}"),
         }
     }
-    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    let mut held = shell.held.lock().unwrap_or_else(|p| p.into_inner());
     Held::read_places(diag, &mut held);
     for h in held.iter_mut() {
         h.steer_to_us();
@@ -330,18 +303,13 @@ fn hold_flows(
 
 /// New flows to LocalDNS and the addresses off lo; true if every group had a socket of its to
 /// take them (`flows` hands back only then; one that left since is found by the next look).
-fn give_back(
-    held: &Mutex<Vec<Held>>,
-    diag: Option<&mut Diag>,
-    config: &Config,
-    addresses: bool,
-) -> bool {
-    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+fn give_back(shell: &Shell, diag: Option<&mut Diag>, addresses: bool) -> bool {
+    let mut held = shell.held.lock().unwrap_or_else(|p| p.into_inner());
     Held::read_places(diag, &mut held);
     let handed = Held::hand_over_all(&mut held);
     drop(held);
     if addresses {
-        if let Err(e) = netlink::release_from_loopback(&lo_addresses(config)) {
+        if let Err(e) = netlink::release_from_loopback(&lo_addresses(&shell.config)) {
             tracing::warn!("cannot take the listener addresses off lo: {e}");
         }
     }

@@ -13,12 +13,9 @@
 //! we serve, LocalDNS's health must be asked of LocalDNS).
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Duration;
-
-use std::net::UdpSocket;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
@@ -79,7 +76,7 @@ impl Prober {
         for &addr in to {
             let any: SocketAddr = match addr.ip() {
                 IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-                IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+                IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
             };
             let socket = UdpSocket::bind(any)?;
             socket.set_nonblocking(true)?;
