@@ -224,7 +224,7 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_standby",
         help: "1 for the standby (--standby), which runs beside LocalDNS for as long as the node is up; 0 for a fallback started when LocalDNS failed.",
-        samples: Samples::One(|s| f64::from(u8::from(s.counters.takeovers.standby()))),
+        samples: Samples::One(|s| f64::from(u8::from(s.counters.standby))),
     },
     Series {
         name: "localdns_fallback_build_info",
@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn responses_are_counted_by_rcode() {
-        let m = Counters::new(std::time::SystemTime::now());
+        let m = Counters::new(std::time::SystemTime::now(), false);
         let l = m.listener(ListenerRole::Cluster);
         l.response(Transport::Udp, &[0, 0, 0x80, 0x83]);
         l.response(Transport::Tcp, &[0, 0, 0x80, 0x80]);
@@ -415,7 +415,7 @@ mod tests {
 
     #[test]
     fn takeovers_show_as_the_gauge_the_causes_and_the_times() {
-        let m = Counters::new(std::time::SystemTime::now());
+        let m = Counters::new(std::time::SystemTime::now(), false);
         let sets = UpstreamSets::uncounted(vec![], vec![], std::time::Instant::now());
         let text = render(&m, &sets, None);
         assert!(text.contains("localdns_fallback_holding_flows{listener=\"node\"} 0\n"));
@@ -423,7 +423,7 @@ mod tests {
         assert!(text.contains("localdns_fallback_last_takeover_timestamp_seconds 0\n"));
         assert!(text.contains("localdns_fallback_standby 0\n"));
         let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        m.takeovers.set_standby(true);
+        let m = Counters::new(std::time::SystemTime::now(), true);
         m.takeovers.took_over(Cause::AddressesGone, at);
         let text = render(&m, &sets, None);
         assert!(text.contains("localdns_fallback_holding_flows{listener=\"cluster\"} 1\n"));

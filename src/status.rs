@@ -416,7 +416,7 @@ mod tests {
 
     #[test]
     fn published_reads_the_daemons_own_rendering() {
-        let m = crate::stats::Counters::new(SystemTime::now());
+        let m = crate::stats::Counters::new(SystemTime::now(), false);
         let sets =
             crate::upstream::UpstreamSets::uncounted(vec![], vec![], std::time::Instant::now());
         m.takeovers

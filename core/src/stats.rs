@@ -91,7 +91,6 @@ pub struct Takeovers {
     /// 0 while LocalDNS holds the flows (or we stand by); else 1 + the index in
     /// [`Cause::ALL`] of the takeover in force.
     holding: AtomicU64,
-    standby: AtomicU64,
     taken: [AtomicU64; Cause::ALL.len()],
     /// By the cause of the takeover each hand-back ended.
     handed: [AtomicU64; Cause::ALL.len()],
@@ -112,14 +111,6 @@ fn unix_millis(at: SystemTime) -> u64 {
 }
 
 impl Takeovers {
-    pub fn set_standby(&self, standby: bool) {
-        self.standby.store(u64::from(standby), Relaxed);
-    }
-
-    pub fn standby(&self) -> bool {
-        self.standby.load(Relaxed) == 1
-    }
-
     /// New flows come to us from `at` on. Counted once per takeover: taking again while we hold
     /// them changes nothing, not even the cause.
     pub fn took_over(&self, cause: Cause, at: SystemTime) {
@@ -164,6 +155,8 @@ impl Takeovers {
 #[derive(Debug)]
 pub struct Counters {
     pub started: SystemTime,
+    /// Started as the standby (`--standby`), not as the fallback of a failed LocalDNS.
+    pub standby: bool,
     pub takeovers: Takeovers,
     listeners: [Arc<ListenerStats>; 2],
     upstreams: Mutex<BTreeMap<(UpstreamGroup, SocketAddr), Arc<UpstreamStats>>>,
@@ -194,9 +187,10 @@ impl Totals {
 
 impl Counters {
     /// `started` is the wall-clock time of the process's start, for `/metrics`.
-    pub fn new(started: SystemTime) -> Arc<Counters> {
+    pub fn new(started: SystemTime, standby: bool) -> Arc<Counters> {
         Arc::new(Counters {
             started,
+            standby,
             takeovers: Takeovers::default(),
             listeners: Default::default(),
             upstreams: Mutex::new(BTreeMap::new()),

@@ -77,7 +77,7 @@ impl Running {
     ) -> Result<Running, String> {
         let (prober, own_probes) = standby::prober(&config)?;
         let config = Arc::new(config);
-        let counters = Counters::new(std::time::SystemTime::now());
+        let counters = Counters::new(std::time::SystemTime::now(), config.standby);
         let strays =
             Strays::new(counters.clone()).map_err(|e| format!("cannot make an eventfd: {e}"))?;
         let Prepared {
@@ -155,7 +155,6 @@ impl Running {
             tasks.push(started.tcp);
             tcp_sides.push(started.tcp_side);
         }
-        counters.takeovers.set_standby(config.standby);
         tracing::info!("ready");
         notifier.notify("READY=1");
         let reporting = reporting(
