@@ -157,20 +157,7 @@ impl Running {
         }
         tracing::info!("ready");
         notifier.notify("READY=1");
-        let reporting = reporting(
-            &notifier,
-            &config,
-            &sets_rx,
-            &counters,
-            &cache,
-            &heartbeats,
-            metrics_listener,
-        );
-        tasks.extend(
-            reporting
-                .into_iter()
-                .map(|t| tokio::spawn(until(stop.clone(), t))),
-        );
+        tasks.extend(reporting(&shared, &notifier, metrics_listener));
         if taken.is_none() {
             tracing::info!("LocalDNS answers on both listeners; standing by");
         }
