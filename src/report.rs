@@ -104,10 +104,7 @@ fn line(out: &mut String, label: &str, found: &Found) {
 
 pub fn text(config: &Config, r: &Report) -> String {
     let mut out = String::new();
-    for (listener, addr) in [
-        (ListenerRole::Node, config.node_listen),
-        (ListenerRole::Cluster, config.cluster_listen),
-    ] {
+    for (listener, addr) in ListenerRole::BOTH.into_iter().zip(config.listeners()) {
         let routes = config.routes_shown(listener);
         let _ = writeln!(out, "{} listener {addr}", listener.name());
         let (label, shown) = ("routes (longest match wins):", routes.join(" "));
