@@ -54,7 +54,7 @@ struct Scrape<'a> {
 /// How the samples of a series are read.
 enum Samples {
     /// One sample per listener, labelled `listener`.
-    PerListener(fn(&ListenerStats) -> u64),
+    PerListener(fn(&Scrape, &ListenerStats) -> u64),
     /// One sample per upstream, labelled `group` and `upstream`.
     PerUpstream(fn(&UpstreamStats) -> u64),
     /// One sample per takeover cause, labelled `cause`.
@@ -96,32 +96,32 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_dropped_total",
         help: "Client packets dropped unanswered (too short, or response-shaped).",
-        samples: Samples::PerListener(|s| s.dropped.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.dropped.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_shed_total",
         help: "Queries (UDP and TCP) refused because too many were in flight.",
-        samples: Samples::PerListener(|s| s.shed.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.shed.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_inflight_queries",
         help: "Queries (UDP and TCP) waiting for an upstream.",
-        samples: Samples::PerListener(|s| s.inflight.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.inflight.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_cache_hits_total",
         help: "Queries answered fresh from the cache.",
-        samples: Samples::PerListener(|s| s.cache_hits.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.cache_hits.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_cache_misses_total",
         help: "Queries the cache could not answer.",
-        samples: Samples::PerListener(|s| s.cache_misses.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.cache_misses.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_stale_answers_total",
         help: "Answers served from expired cache entries because upstreams failed.",
-        samples: Samples::PerListener(|s| s.stale.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.stale.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_hosts_entries",
@@ -194,12 +194,7 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_holding_flows",
         help: "1 while this process holds LocalDNS's flows on the listener (new flows come to it), 0 while LocalDNS has them.",
-        samples: Samples::Own(|s, name, o| {
-            let holding = u8::from(s.counters.takeovers.holding().is_some());
-            for l in ListenerRole::BOTH {
-                let _ = writeln!(o, "{name}{{listener=\"{}\"}} {holding}", l.name());
-            }
-        }),
+        samples: Samples::PerListener(|s, _| u64::from(s.counters.takeovers.holding().is_some())),
     },
     Series {
         name: "localdns_fallback_takeovers_total",
@@ -274,7 +269,7 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
         match samples {
             Samples::PerListener(get) => {
                 for l in ListenerRole::BOTH {
-                    let n = get(counters.listener(l));
+                    let n = get(&scrape, counters.listener(l));
                     let _ = writeln!(o, "{name}{{listener=\"{}\"}} {n}", l.name());
                 }
             }
