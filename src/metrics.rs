@@ -34,7 +34,7 @@ fn render_histogram(h: &Histogram, out: &mut String, name: &str, labels: &str) {
         cumulative += bucket.load(Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
     }
-    let count = h.count.load(Relaxed);
+    let count = cumulative + h.buckets[LATENCY_BUCKETS.len()].load(Relaxed);
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
     let sum = h.sum_nanos.load(Relaxed) as f64 / 1e9;
     let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");

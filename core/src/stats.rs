@@ -21,21 +21,19 @@ pub const RCODES: [&str; 7] = [
     "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "other",
 ];
 
-/// A latency histogram with fixed buckets (not cumulative; rendering adds them up).
+/// A latency histogram with fixed buckets (not cumulative; rendering adds them up). The last
+/// bucket holds what is over every bound, so the buckets add up to the count.
 #[derive(Debug, Default)]
 pub struct Histogram {
-    pub buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    pub count: AtomicU64,
+    pub buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     pub sum_nanos: AtomicU64,
 }
 
 impl Histogram {
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
-            self.buckets[i].fetch_add(1, Relaxed);
-        }
-        self.count.fetch_add(1, Relaxed);
+        let i = LATENCY_BUCKETS.iter().position(|&b| secs <= b);
+        self.buckets[i.unwrap_or(LATENCY_BUCKETS.len())].fetch_add(1, Relaxed);
         self.sum_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
     }
 }
