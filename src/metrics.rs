@@ -172,7 +172,7 @@ const SERIES: &[Series] = &[
                     o,
                     "{name}{{group=\"{}\",source=\"{}\"}} {n}",
                     g.name(),
-                    escape(&s.counters.source(g))
+                    escape(&s.counters.group(g).0)
                 );
             }
         }),
@@ -186,7 +186,7 @@ const SERIES: &[Series] = &[
                     o,
                     "{name}{{group=\"{}\"}} {}",
                     g.name(),
-                    s.counters.set_changes(g)
+                    s.counters.group(g).1
                 );
             }
         }),

@@ -159,8 +159,7 @@ pub struct Counters {
     listeners: [Arc<ListenerStats>; 2],
     upstreams: Mutex<BTreeMap<(UpstreamGroup, SocketAddr), Arc<UpstreamStats>>>,
     /// Per group: where its upstreams came from, and how often the set changed.
-    sources: Mutex<[String; 2]>,
-    changes: [AtomicU64; 2],
+    groups: Mutex<[(String, u64); 2]>,
 }
 
 /// Totals for the minute summary.
@@ -192,8 +191,7 @@ impl Counters {
             takeovers: Takeovers::default(),
             listeners: Default::default(),
             upstreams: Mutex::new(BTreeMap::new()),
-            sources: Mutex::new([String::from("none"), String::from("none")]),
-            changes: Default::default(),
+            groups: Mutex::new([(String::from("none"), 0), (String::from("none"), 0)]),
         })
     }
 
@@ -215,16 +213,14 @@ impl Counters {
 
     /// A group got a new set of upstreams from `source`.
     pub fn upstreams_changed(&self, group: UpstreamGroup, source: &str) {
-        self.changes[group as usize].fetch_add(1, Relaxed);
-        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group as usize] = source.to_string();
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let counted = &mut groups[group as usize];
+        *counted = (source.to_string(), counted.1 + 1);
     }
 
-    pub fn source(&self, group: UpstreamGroup) -> String {
-        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group as usize].clone()
-    }
-
-    pub fn set_changes(&self, group: UpstreamGroup) -> u64 {
-        self.changes[group as usize].load(Relaxed)
+    /// Where a group's upstreams came from, and how often its set changed.
+    pub fn group(&self, group: UpstreamGroup) -> (String, u64) {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())[group as usize].clone()
     }
 
     pub fn totals(&self) -> Totals {
