@@ -47,8 +47,8 @@ struct Scrape<'a> {
     counters: &'a Counters,
     sets: &'a UpstreamSets,
     upstreams: Vec<((UpstreamGroup, SocketAddr), Arc<UpstreamStats>)>,
-    cache_entries: usize,
-    cache_bytes: usize,
+    /// The cache's entries and bytes (0 and 0 without a cache).
+    cache: (usize, usize),
 }
 
 /// How the samples of a series are read.
@@ -136,12 +136,12 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_cache_entries",
         help: "Answers in the cache.",
-        samples: Samples::One(|s| s.cache_entries as f64),
+        samples: Samples::One(|s| s.cache.0 as f64),
     },
     Series {
         name: "localdns_fallback_cache_bytes",
         help: "Memory the cache accounts for.",
-        samples: Samples::One(|s| s.cache_bytes as f64),
+        samples: Samples::One(|s| s.cache.1 as f64),
     },
     Series {
         name: "localdns_fallback_upstream_queries_total",
@@ -241,16 +241,14 @@ fn upstream_labels((g, addr): &(UpstreamGroup, SocketAddr)) -> String {
 
 /// The Prometheus text exposition (format 0.0.4).
 pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cache>>) -> String {
-    let (cache_entries, cache_bytes) = cache.map_or((0, 0), |c| {
-        let c = c.lock().unwrap_or_else(|p| p.into_inner());
-        (c.len(), c.bytes())
-    });
     let scrape = Scrape {
         counters,
         sets,
         upstreams: counters.upstreams(),
-        cache_entries,
-        cache_bytes,
+        cache: cache.map_or((0, 0), |c| {
+            let c = c.lock().unwrap_or_else(|p| p.into_inner());
+            (c.len(), c.bytes())
+        }),
     };
     let mut out = String::with_capacity(16 * 1024);
     let o = &mut out;
