@@ -116,10 +116,8 @@ fn daemons(listeners: &[SocketAddr; 2]) -> Result<Vec<(String, Option<SocketAddr
         else {
             continue;
         };
-        // A process that ended meanwhile is no daemon.
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
+        // A process that ended meanwhile has no command line, and so is no daemon.
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let Some(config) = daemon_config(&cmdline).filter(|c| serves(c, listeners)) else {
             continue;
         };
