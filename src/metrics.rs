@@ -34,7 +34,7 @@ fn render_histogram(h: &Histogram, out: &mut String, name: &str, labels: &str) {
         cumulative += bucket.load(Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
     }
-    let count = h.count.load(Relaxed);
+    let count = cumulative + h.buckets[LATENCY_BUCKETS.len()].load(Relaxed);
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
     let sum = h.sum_nanos.load(Relaxed) as f64 / 1e9;
     let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
@@ -47,14 +47,14 @@ struct Scrape<'a> {
     counters: &'a Counters,
     sets: &'a UpstreamSets,
     upstreams: Vec<((UpstreamGroup, SocketAddr), Arc<UpstreamStats>)>,
-    cache_entries: usize,
-    cache_bytes: usize,
+    /// The cache's entries and bytes (0 and 0 without a cache).
+    cache: (usize, usize),
 }
 
 /// How the samples of a series are read.
 enum Samples {
     /// One sample per listener, labelled `listener`.
-    PerListener(fn(&ListenerStats) -> u64),
+    PerListener(fn(&Scrape, &ListenerStats) -> u64),
     /// One sample per upstream, labelled `group` and `upstream`.
     PerUpstream(fn(&UpstreamStats) -> u64),
     /// One sample per takeover cause, labelled `cause`.
@@ -96,32 +96,32 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_dropped_total",
         help: "Client packets dropped unanswered (too short, or response-shaped).",
-        samples: Samples::PerListener(|s| s.dropped.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.dropped.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_shed_total",
         help: "Queries (UDP and TCP) refused because too many were in flight.",
-        samples: Samples::PerListener(|s| s.shed.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.shed.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_inflight_queries",
         help: "Queries (UDP and TCP) waiting for an upstream.",
-        samples: Samples::PerListener(|s| s.inflight.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.inflight.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_cache_hits_total",
         help: "Queries answered fresh from the cache.",
-        samples: Samples::PerListener(|s| s.cache_hits.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.cache_hits.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_cache_misses_total",
         help: "Queries the cache could not answer.",
-        samples: Samples::PerListener(|s| s.cache_misses.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.cache_misses.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_stale_answers_total",
         help: "Answers served from expired cache entries because upstreams failed.",
-        samples: Samples::PerListener(|s| s.stale.load(Relaxed)),
+        samples: Samples::PerListener(|_, l| l.stale.load(Relaxed)),
     },
     Series {
         name: "localdns_fallback_hosts_entries",
@@ -136,12 +136,12 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_cache_entries",
         help: "Answers in the cache.",
-        samples: Samples::One(|s| s.cache_entries as f64),
+        samples: Samples::One(|s| s.cache.0 as f64),
     },
     Series {
         name: "localdns_fallback_cache_bytes",
         help: "Memory the cache accounts for.",
-        samples: Samples::One(|s| s.cache_bytes as f64),
+        samples: Samples::One(|s| s.cache.1 as f64),
     },
     Series {
         name: "localdns_fallback_upstream_queries_total",
@@ -172,7 +172,7 @@ const SERIES: &[Series] = &[
                     o,
                     "{name}{{group=\"{}\",source=\"{}\"}} {n}",
                     g.name(),
-                    escape(&s.counters.source(g))
+                    escape(&s.counters.group(g).0)
                 );
             }
         }),
@@ -186,7 +186,7 @@ const SERIES: &[Series] = &[
                     o,
                     "{name}{{group=\"{}\"}} {}",
                     g.name(),
-                    s.counters.set_changes(g)
+                    s.counters.group(g).1
                 );
             }
         }),
@@ -194,12 +194,7 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_holding_flows",
         help: "1 while this process holds LocalDNS's flows on the listener (new flows come to it), 0 while LocalDNS has them.",
-        samples: Samples::Own(|s, name, o| {
-            let holding = u8::from(s.counters.takeovers.holding().is_some());
-            for l in ListenerRole::BOTH {
-                let _ = writeln!(o, "{name}{{listener=\"{}\"}} {holding}", l.name());
-            }
-        }),
+        samples: Samples::PerListener(|s, _| u64::from(s.counters.takeovers.holding().is_some())),
     },
     Series {
         name: "localdns_fallback_takeovers_total",
@@ -224,7 +219,7 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_standby",
         help: "1 for the standby (--standby), which runs beside LocalDNS for as long as the node is up; 0 for a fallback started when LocalDNS failed.",
-        samples: Samples::One(|s| f64::from(u8::from(s.counters.takeovers.standby()))),
+        samples: Samples::One(|s| f64::from(u8::from(s.counters.standby))),
     },
     Series {
         name: "localdns_fallback_build_info",
@@ -246,16 +241,14 @@ fn upstream_labels((g, addr): &(UpstreamGroup, SocketAddr)) -> String {
 
 /// The Prometheus text exposition (format 0.0.4).
 pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cache>>) -> String {
-    let (cache_entries, cache_bytes) = cache.map_or((0, 0), |c| {
-        let c = c.lock().unwrap_or_else(|p| p.into_inner());
-        (c.len(), c.bytes())
-    });
     let scrape = Scrape {
         counters,
         sets,
         upstreams: counters.upstreams(),
-        cache_entries,
-        cache_bytes,
+        cache: cache.map_or((0, 0), |c| {
+            let c = c.lock().unwrap_or_else(|p| p.into_inner());
+            (c.len(), c.bytes())
+        }),
     };
     let mut out = String::with_capacity(16 * 1024);
     let o = &mut out;
@@ -274,7 +267,7 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
         match samples {
             Samples::PerListener(get) => {
                 for l in ListenerRole::BOTH {
-                    let n = get(counters.listener(l));
+                    let n = get(&scrape, counters.listener(l));
                     let _ = writeln!(o, "{name}{{listener=\"{}\"}} {n}", l.name());
                 }
             }
@@ -391,7 +384,7 @@ mod tests {
 
     #[test]
     fn responses_are_counted_by_rcode() {
-        let m = Counters::new(std::time::SystemTime::now());
+        let m = Counters::new(std::time::SystemTime::now(), false);
         let l = m.listener(ListenerRole::Cluster);
         l.response(Transport::Udp, &[0, 0, 0x80, 0x83]);
         l.response(Transport::Tcp, &[0, 0, 0x80, 0x80]);
@@ -415,7 +408,7 @@ mod tests {
 
     #[test]
     fn takeovers_show_as_the_gauge_the_causes_and_the_times() {
-        let m = Counters::new(std::time::SystemTime::now());
+        let m = Counters::new(std::time::SystemTime::now(), false);
         let sets = UpstreamSets::uncounted(vec![], vec![], std::time::Instant::now());
         let text = render(&m, &sets, None);
         assert!(text.contains("localdns_fallback_holding_flows{listener=\"node\"} 0\n"));
@@ -423,7 +416,7 @@ mod tests {
         assert!(text.contains("localdns_fallback_last_takeover_timestamp_seconds 0\n"));
         assert!(text.contains("localdns_fallback_standby 0\n"));
         let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        m.takeovers.set_standby(true);
+        let m = Counters::new(std::time::SystemTime::now(), true);
         m.takeovers.took_over(Cause::AddressesGone, at);
         let text = render(&m, &sets, None);
         assert!(text.contains("localdns_fallback_holding_flows{listener=\"cluster\"} 1\n"));

@@ -47,11 +47,6 @@ impl Found {
 /// Looks once, as the daemon does at start. Blocking: runs the node's tools.
 pub fn gather(config: &Config) -> Report {
     let d = &config.discovery;
-    let vnet_dns = if !config.node_upstreams.is_empty() {
-        Found::ok(config.node_upstreams.clone(), "--node-upstream")
-    } else {
-        vnet_dns(config)
-    };
     let (kube_dns, cluster_ip) = if !config.cluster_upstreams.is_empty() {
         let f = Found::ok(config.cluster_upstreams.clone(), "--cluster-upstream");
         (f, d.cluster_ip)
@@ -64,17 +59,20 @@ pub fn gather(config: &Config) -> Report {
         };
         (f, finding.cluster_ip)
     };
-    let hosts = d.hosts_file.as_deref().map(hosts::read);
     Report {
-        vnet_dns,
+        vnet_dns: vnet_dns(config),
         kube_dns,
         cluster_ip,
-        hosts,
+        hosts: d.hosts_file.as_deref().map(hosts::read),
     }
 }
 
-/// The VNet DNS as the daemon takes it up at start: resolv.conf's servers, else the DHCP leases'.
+/// The VNet DNS as the daemon takes it up at start: the flags' servers, else resolv.conf's, else
+/// the DHCP leases'.
 fn vnet_dns(config: &Config) -> Found {
+    if !config.node_upstreams.is_empty() {
+        return Found::ok(config.node_upstreams.clone(), "--node-upstream");
+    }
     let d = &config.discovery;
     let skip = [config.node_listen.ip(), config.cluster_listen.ip()];
     let source = format!("resolv.conf {}", d.resolv_conf.display());
@@ -104,10 +102,7 @@ fn line(out: &mut String, label: &str, found: &Found) {
 
 pub fn text(config: &Config, r: &Report) -> String {
     let mut out = String::new();
-    for (listener, addr) in [
-        (ListenerRole::Node, config.node_listen),
-        (ListenerRole::Cluster, config.cluster_listen),
-    ] {
+    for (listener, addr) in ListenerRole::BOTH.into_iter().zip(config.listeners()) {
         let routes = config.routes_shown(listener);
         let _ = writeln!(out, "{} listener {addr}", listener.name());
         let (label, shown) = ("routes (longest match wins):", routes.join(" "));

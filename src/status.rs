@@ -56,21 +56,6 @@ pub fn report(config: &Config) -> ExitCode {
     ExitCode::from(verdict as u8)
 }
 
-/// A fallback daemon serving our listeners.
-#[derive(Debug)]
-struct Daemon {
-    pid: u32,
-    standby: bool,
-    metrics: Option<SocketAddr>,
-}
-
-impl Daemon {
-    fn name(&self) -> String {
-        let standby = if self.standby { " --standby" } else { "" };
-        format!("localdns-fallback{standby} (pid {})", self.pid)
-    }
-}
-
 /// What a fallback's `/metrics` say.
 #[derive(Debug, PartialEq)]
 struct Published {
@@ -82,10 +67,11 @@ struct Published {
     cause: Option<Cause>,
 }
 
-/// Everything looked at: whether each listener answered, and each fallback with what it says.
+/// Everything looked at: whether each listener answered, and each fallback by name with what
+/// it says.
 struct Look {
     answered: [bool; 2],
-    daemons: Vec<(Daemon, Result<Published, String>)>,
+    daemons: Vec<(String, Result<Published, String>)>,
 }
 
 fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
@@ -93,12 +79,11 @@ fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
     let answered = [node?, cluster?];
     let daemons = daemons(&listeners)?
         .into_iter()
-        .map(|d| {
-            let said = d
-                .metrics
+        .map(|(name, metrics)| {
+            let said = metrics
                 .ok_or_else(|| "serves these listeners without --metrics".to_string())
                 .and_then(|addr| published(&scrape(addr)?));
-            (d, said)
+            (name, said)
         })
         .collect();
     Ok(Look { answered, daemons })
@@ -116,8 +101,9 @@ fn answers(addr: SocketAddr) -> Result<bool, String> {
 }
 
 /// The `localdns-fallback` daemons in /proc that serve one of `listeners` in our network
-/// namespace (tests and nodes may run others elsewhere, on the same addresses).
-fn daemons(listeners: &[SocketAddr; 2]) -> Result<Vec<Daemon>, String> {
+/// namespace (tests and nodes may run others elsewhere, on the same addresses): each one's name
+/// for the status line, and its `--metrics` address.
+fn daemons(listeners: &[SocketAddr; 2]) -> Result<Vec<(String, Option<SocketAddr>)>, String> {
     let ours = std::fs::read_link("/proc/self/ns/net")
         .map_err(|e| format!("cannot read our network namespace: {e}"))?;
     let me = std::process::id();
@@ -130,10 +116,8 @@ fn daemons(listeners: &[SocketAddr; 2]) -> Result<Vec<Daemon>, String> {
         else {
             continue;
         };
-        // A process that ended meanwhile is no daemon.
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
+        // A process that ended meanwhile has no command line, and so is no daemon.
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let Some(config) = daemon_config(&cmdline).filter(|c| serves(c, listeners)) else {
             continue;
         };
@@ -147,11 +131,11 @@ fn daemons(listeners: &[SocketAddr; 2]) -> Result<Vec<Daemon>, String> {
                 ));
             }
         }
-        found.push(Daemon {
-            pid,
-            standby: config.standby,
-            metrics: config.metrics,
-        });
+        let standby = if config.standby { " --standby" } else { "" };
+        found.push((
+            format!("localdns-fallback{standby} (pid {pid})"),
+            config.metrics,
+        ));
     }
     Ok(found)
 }
@@ -263,8 +247,7 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
             continue;
         }
         let mut line = format!(
-            "LocalDNS is on its fallback: {} holds the flows of {} since {} ({} ago)",
-            daemon.name(),
+            "LocalDNS is on its fallback: {daemon} holds the flows of {} since {} ({} ago)",
             which(p.holding, true),
             utc(p.since),
             ago(now - p.since)
@@ -284,8 +267,8 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
             .daemons
             .iter()
             .map(|(d, said)| match said {
-                Ok(_) => format!("{} does not hold the flows", d.name()),
-                Err(e) => format!("{} {e}", d.name()),
+                Ok(_) => format!("{d} does not hold the flows"),
+                Err(e) => format!("{d} {e}"),
             })
             .collect();
         let fallbacks = if each.is_empty() {
@@ -298,16 +281,14 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
     }
     if let Some((daemon, Err(e))) = look.daemons.iter().find(|(_, said)| said.is_err()) {
         let line = format!(
-            "cannot tell whether LocalDNS or its fallback answers on {} and {}: {} {e}",
-            listeners[0],
-            listeners[1],
-            daemon.name()
+            "cannot tell whether LocalDNS or its fallback answers on {} and {}: {daemon} {e}",
+            listeners[0], listeners[1],
         );
         return (Verdict::Unknown, line);
     }
     let mut line = format!("LocalDNS answers on {} and {}", listeners[0], listeners[1]);
     for (daemon, _) in &look.daemons {
-        line += &format!("; {} stands by", daemon.name());
+        line += &format!("; {daemon} stands by");
     }
     (Verdict::Ok, line)
 }
@@ -355,12 +336,9 @@ mod tests {
         [NODE.parse().unwrap(), CLUSTER.parse().unwrap()]
     }
 
-    fn daemon(standby: bool) -> Daemon {
-        Daemon {
-            pid: 4242,
-            standby,
-            metrics: Some("127.0.0.1:9356".parse().unwrap()),
-        }
+    fn daemon(standby: bool) -> String {
+        let standby = if standby { " --standby" } else { "" };
+        format!("localdns-fallback{standby} (pid 4242)")
     }
 
     fn at(secs: u64) -> SystemTime {
@@ -416,7 +394,7 @@ mod tests {
 
     #[test]
     fn published_reads_the_daemons_own_rendering() {
-        let m = crate::stats::Counters::new(SystemTime::now());
+        let m = crate::stats::Counters::new(SystemTime::now(), false);
         let sets =
             crate::upstream::UpstreamSets::uncounted(vec![], vec![], std::time::Instant::now());
         m.takeovers

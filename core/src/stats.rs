@@ -21,21 +21,19 @@ pub const RCODES: [&str; 7] = [
     "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "other",
 ];
 
-/// A latency histogram with fixed buckets (not cumulative; rendering adds them up).
+/// A latency histogram with fixed buckets (not cumulative; rendering adds them up). The last
+/// bucket holds what is over every bound, so the buckets add up to the count.
 #[derive(Debug, Default)]
 pub struct Histogram {
-    pub buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    pub count: AtomicU64,
+    pub buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     pub sum_nanos: AtomicU64,
 }
 
 impl Histogram {
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
-            self.buckets[i].fetch_add(1, Relaxed);
-        }
-        self.count.fetch_add(1, Relaxed);
+        let i = LATENCY_BUCKETS.iter().position(|&b| secs <= b);
+        self.buckets[i.unwrap_or(LATENCY_BUCKETS.len())].fetch_add(1, Relaxed);
         self.sum_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
     }
 }
@@ -91,7 +89,6 @@ pub struct Takeovers {
     /// 0 while LocalDNS holds the flows (or we stand by); else 1 + the index in
     /// [`Cause::ALL`] of the takeover in force.
     holding: AtomicU64,
-    standby: AtomicU64,
     taken: [AtomicU64; Cause::ALL.len()],
     /// By the cause of the takeover each hand-back ended.
     handed: [AtomicU64; Cause::ALL.len()],
@@ -112,14 +109,6 @@ fn unix_millis(at: SystemTime) -> u64 {
 }
 
 impl Takeovers {
-    pub fn set_standby(&self, standby: bool) {
-        self.standby.store(u64::from(standby), Relaxed);
-    }
-
-    pub fn standby(&self) -> bool {
-        self.standby.load(Relaxed) == 1
-    }
-
     /// New flows come to us from `at` on. Counted once per takeover: taking again while we hold
     /// them changes nothing, not even the cause.
     pub fn took_over(&self, cause: Cause, at: SystemTime) {
@@ -164,12 +153,13 @@ impl Takeovers {
 #[derive(Debug)]
 pub struct Counters {
     pub started: SystemTime,
+    /// Started as the standby (`--standby`), not as the fallback of a failed LocalDNS.
+    pub standby: bool,
     pub takeovers: Takeovers,
     listeners: [Arc<ListenerStats>; 2],
     upstreams: Mutex<BTreeMap<(UpstreamGroup, SocketAddr), Arc<UpstreamStats>>>,
     /// Per group: where its upstreams came from, and how often the set changed.
-    sources: Mutex<[String; 2]>,
-    changes: [AtomicU64; 2],
+    groups: Mutex<[(String, u64); 2]>,
 }
 
 /// Totals for the minute summary.
@@ -194,14 +184,14 @@ impl Totals {
 
 impl Counters {
     /// `started` is the wall-clock time of the process's start, for `/metrics`.
-    pub fn new(started: SystemTime) -> Arc<Counters> {
+    pub fn new(started: SystemTime, standby: bool) -> Arc<Counters> {
         Arc::new(Counters {
             started,
+            standby,
             takeovers: Takeovers::default(),
             listeners: Default::default(),
             upstreams: Mutex::new(BTreeMap::new()),
-            sources: Mutex::new([String::from("none"), String::from("none")]),
-            changes: Default::default(),
+            groups: Mutex::new([(String::from("none"), 0), (String::from("none"), 0)]),
         })
     }
 
@@ -223,16 +213,14 @@ impl Counters {
 
     /// A group got a new set of upstreams from `source`.
     pub fn upstreams_changed(&self, group: UpstreamGroup, source: &str) {
-        self.changes[group as usize].fetch_add(1, Relaxed);
-        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group as usize] = source.to_string();
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let counted = &mut groups[group as usize];
+        *counted = (source.to_string(), counted.1 + 1);
     }
 
-    pub fn source(&self, group: UpstreamGroup) -> String {
-        self.sources.lock().unwrap_or_else(|p| p.into_inner())[group as usize].clone()
-    }
-
-    pub fn set_changes(&self, group: UpstreamGroup) -> u64 {
-        self.changes[group as usize].load(Relaxed)
+    /// Where a group's upstreams came from, and how often its set changed.
+    pub fn group(&self, group: UpstreamGroup) -> (String, u64) {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())[group as usize].clone()
     }
 
     pub fn totals(&self) -> Totals {

@@ -28,7 +28,8 @@ use crate::upstream::UpstreamSets;
 /// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
 pub(super) const DRAIN: Duration = Duration::from_secs(1);
 
-/// What the relay threads and TCP tasks of both listeners are started with.
+/// What the relay threads and TCP tasks of both listeners, and the reporting tasks, are started
+/// with.
 pub(super) struct Shared<'a> {
     pub(super) config: &'a Config,
     /// The upstreams as the first look left them; later changes reach the relays by `sets_rx`.

@@ -2,64 +2,59 @@
 //! `/metrics` and the systemd watchdog. These tasks only read counters; they end at the stop
 //! without a word.
 
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use crate::cache::Cache;
-use crate::cli::Config;
+use super::listener::Shared;
 use crate::metrics;
 use crate::stats::{Counters, Totals};
-use crate::systemd::{self, Heartbeats, Notifier};
+use crate::stop::until;
+use crate::systemd::{self, Notifier};
 use crate::upstream::{UpstreamSet, UpstreamSets};
 
 /// How often a summary line is logged (and systemd's STATUS= refreshed) while serving.
 const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
-/// A task to spawn.
-pub(super) type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
-
-/// The status line, `/metrics` (if asked for) and the systemd watchdog (if armed), to run until
-/// the stop.
+/// Spawns the status line, `/metrics` (if asked for) and the systemd watchdog (if armed), each
+/// to run until the stop.
 pub(super) fn reporting(
+    shared: &Shared<'_>,
     notifier: &Arc<Notifier>,
-    config: &Arc<Config>,
-    sets_rx: &watch::Receiver<Arc<UpstreamSets>>,
-    counters: &Arc<Counters>,
-    cache: &Option<Arc<Mutex<Cache>>>,
-    heartbeats: &Arc<Heartbeats>,
     metrics_listener: Option<tokio::net::TcpListener>,
-) -> Vec<Task> {
-    let mut reporting: Vec<Task> = vec![Box::pin(report_status(
+) -> Vec<JoinHandle<()>> {
+    let stop = shared.stop;
+    let status = report_status(
         notifier.clone(),
-        config.clone(),
-        sets_rx.clone(),
-        counters.clone(),
-    ))];
+        shared.config.listeners(),
+        shared.sets_rx.clone(),
+        shared.counters.clone(),
+    );
+    let mut reporting = vec![tokio::spawn(until(stop.clone(), status))];
     if let Some(listener) = metrics_listener {
         tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
-        reporting.push(Box::pin(metrics::serve(
+        let metrics = metrics::serve(
             listener,
-            counters.clone(),
-            sets_rx.clone(),
-            cache.clone(),
-        )));
+            shared.counters.clone(),
+            shared.sets_rx.clone(),
+            shared.cache.clone(),
+        );
+        reporting.push(tokio::spawn(until(stop.clone(), metrics)));
     }
     if let Some(timeout) = Notifier::watchdog_timeout() {
         tracing::info!(?timeout, "feeding the systemd watchdog");
-        reporting.push(Box::pin(systemd::watchdog(
-            notifier.clone(),
-            heartbeats.clone(),
-            timeout,
-        )));
+        let watchdog = systemd::watchdog(notifier.clone(), shared.heartbeats.clone(), timeout);
+        reporting.push(tokio::spawn(until(stop.clone(), watchdog)));
     }
     reporting
 }
 
 async fn report_status(
     notifier: Arc<Notifier>,
-    config: Arc<Config>,
+    [node, cluster]: [SocketAddr; 2],
     mut sets: watch::Receiver<Arc<UpstreamSets>>,
     counters: Arc<Counters>,
 ) {
@@ -73,9 +68,7 @@ async fn report_status(
             (list(&s.vnet_dns), list(&s.kube_dns))
         };
         notifier.notify(&format!(
-            "STATUS=serving {} and {}; last minute: {} answers, {} SERVFAIL, {} stale, {} shed; VNet DNS: {vnet_dns}; kube-dns: {kube_dns}",
-            config.node_listen,
-            config.cluster_listen,
+            "STATUS=serving {node} and {cluster}; last minute: {} answers, {} SERVFAIL, {} stale, {} shed; VNet DNS: {vnet_dns}; kube-dns: {kube_dns}",
             minute.answers,
             minute.servfail,
             minute.stale,

@@ -77,7 +77,7 @@ impl Running {
     ) -> Result<Running, String> {
         let (prober, own_probes) = standby::prober(&config)?;
         let config = Arc::new(config);
-        let counters = Counters::new(std::time::SystemTime::now());
+        let counters = Counters::new(std::time::SystemTime::now(), config.standby);
         let strays =
             Strays::new(counters.clone()).map_err(|e| format!("cannot make an eventfd: {e}"))?;
         let Prepared {
@@ -155,23 +155,9 @@ impl Running {
             tasks.push(started.tcp);
             tcp_sides.push(started.tcp_side);
         }
-        counters.takeovers.set_standby(config.standby);
         tracing::info!("ready");
         notifier.notify("READY=1");
-        let reporting = reporting(
-            &notifier,
-            &config,
-            &sets_rx,
-            &counters,
-            &cache,
-            &heartbeats,
-            metrics_listener,
-        );
-        tasks.extend(
-            reporting
-                .into_iter()
-                .map(|t| tokio::spawn(until(stop.clone(), t))),
-        );
+        tasks.extend(reporting(&shared, &notifier, metrics_listener));
         if taken.is_none() {
             tracing::info!("LocalDNS answers on both listeners; standing by");
         }
