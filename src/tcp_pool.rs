@@ -63,7 +63,8 @@ struct Conn {
     inflight: AtomicUsize,
 }
 
-struct Inner {
+/// The upstream TCP connections of the whole process, shared by every relay thread.
+pub struct UpstreamSide {
     runtime: tokio::runtime::Handle,
     /// `SHARED_CONNECTIONS`: each connection holds a descriptor, and the process's descriptor
     /// limit is shared with its listeners and clients.
@@ -73,44 +74,42 @@ struct Inner {
     pools: Mutex<HashMap<SocketAddr, Vec<Arc<Conn>>>>,
 }
 
-/// The upstream TCP connections of the whole process, shared by every relay thread.
-pub struct UpstreamSide {
-    inner: Arc<Inner>,
-}
-
 impl UpstreamSide {
-    pub fn new(runtime: tokio::runtime::Handle, budget: Duration) -> UpstreamSide {
-        UpstreamSide {
-            inner: Arc::new(Inner {
-                runtime,
-                shared_connections: Arc::new(Semaphore::new(SHARED_CONNECTIONS)),
-                budget,
-                pools: Mutex::new(HashMap::new()),
-            }),
-        }
+    pub fn new(runtime: tokio::runtime::Handle, budget: Duration) -> Arc<UpstreamSide> {
+        Arc::new(UpstreamSide {
+            runtime,
+            shared_connections: Arc::new(Semaphore::new(SHARED_CONNECTIONS)),
+            budget,
+            pools: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Sends `message` to `leg.to` over TCP; every message read back is posted to `mailbox`.
     /// Fails at once (a local failure, which the engine does not hold against the upstream)
     /// when the upstream has all the tries in flight it may: the query moves on instead of
     /// waiting behind a hung upstream.
-    pub fn start(&self, leg: Leg, message: Vec<u8>, mailbox: Arc<Mailbox>) -> Result<(), Failure> {
+    pub fn start(
+        self: &Arc<Self>,
+        leg: Leg,
+        message: Vec<u8>,
+        mailbox: Arc<Mailbox>,
+    ) -> Result<(), Failure> {
         let request = Request {
             leg,
             message,
             mailbox,
             retried: false,
         };
-        submit(&self.inner, request).map_err(|_| BUSY)
+        submit(self, request).map_err(|_| BUSY)
     }
 }
 
 /// Hands a try to a connection to its upstream; gives it back when the upstream has all the
 /// tries in flight it may.
-fn submit(inner: &Arc<Inner>, mut request: Request) -> Result<(), Request> {
+fn submit(side: &Arc<UpstreamSide>, mut request: Request) -> Result<(), Request> {
     // Twice: the connection picked may end before the send.
     for _ in 0..2 {
-        let Some(conn) = pick(inner, request.leg.to) else {
+        let Some(conn) = pick(side, request.leg.to) else {
             break;
         };
         match conn.requests.send(request) {
@@ -124,8 +123,8 @@ fn submit(inner: &Arc<Inner>, mut request: Request) -> Result<(), Request> {
 /// The least busy open connection to `to`, or a new one beside it when all are busy, with the
 /// try counted on it; None when `to` has `TRIES_PER_UPSTREAM` in flight. Counted under the
 /// lock, so relay threads picking at once cannot overshoot the cap.
-fn pick(inner: &Arc<Inner>, to: SocketAddr) -> Option<Arc<Conn>> {
-    let mut pools = inner.pools.lock().unwrap_or_else(|p| p.into_inner());
+fn pick(side: &Arc<UpstreamSide>, to: SocketAddr) -> Option<Arc<Conn>> {
+    let mut pools = side.pools.lock().unwrap_or_else(|p| p.into_inner());
     let pool = pools.entry(to).or_default();
     pool.retain(|c| !c.requests.is_closed());
     let inflight = |c: &Arc<Conn>| c.inflight.load(Relaxed);
@@ -135,12 +134,12 @@ fn pick(inner: &Arc<Inner>, to: SocketAddr) -> Option<Arc<Conn>> {
     let least = pool.iter().min_by_key(|c| inflight(c)).cloned();
     let conn = match least {
         Some(c) if inflight(&c) < PIPELINE || pool.len() >= CONNECTIONS_PER_UPSTREAM => c,
-        Some(c) => match inner.shared_connections.clone().try_acquire_owned() {
-            Ok(permit) => open(inner, to, pool, Some(permit)),
+        Some(c) => match side.shared_connections.clone().try_acquire_owned() {
+            Ok(permit) => open(side, to, pool, Some(permit)),
             // The other upstreams hold every shared connection: this one's take more tries.
             Err(_) => c,
         },
-        None => open(inner, to, pool, None),
+        None => open(side, to, pool, None),
     };
     conn.inflight.fetch_add(1, Relaxed);
     Some(conn)
@@ -148,7 +147,7 @@ fn pick(inner: &Arc<Inner>, to: SocketAddr) -> Option<Arc<Conn>> {
 
 /// A new connection to `to` in `pool`; `permit` is its place among `SHARED_CONNECTIONS`.
 fn open(
-    inner: &Arc<Inner>,
+    side: &Arc<UpstreamSide>,
     to: SocketAddr,
     pool: &mut Vec<Arc<Conn>>,
     permit: Option<OwnedSemaphorePermit>,
@@ -159,9 +158,8 @@ fn open(
         inflight: AtomicUsize::new(0),
     });
     pool.push(conn.clone());
-    inner
-        .runtime
-        .spawn(run_connection(inner.clone(), to, rx, conn.clone(), permit));
+    side.runtime
+        .spawn(run_connection(side.clone(), to, rx, conn.clone(), permit));
     conn
 }
 
@@ -169,7 +167,7 @@ fn open(
 /// and when it breaks moves its unanswered tries once to a fresh connection (a reused connection
 /// the upstream closed while idle is no fault of the try) or fails them.
 async fn run_connection(
-    inner: Arc<Inner>,
+    side: Arc<UpstreamSide>,
     to: SocketAddr,
     mut requests: mpsc::UnboundedReceiver<Request>,
     conn: Arc<Conn>,
@@ -177,8 +175,8 @@ async fn run_connection(
 ) {
     // Tries sent on the connection and not yet answered, with when they were sent.
     let mut waiting: HashMap<u16, (Request, Instant)> = HashMap::new();
-    let broke = match tokio::time::timeout(inner.budget, connect(to)).await {
-        Ok(Ok(stream)) => serve(&inner, stream, &mut requests, &conn, &mut waiting).await,
+    let broke = match tokio::time::timeout(side.budget, connect(to)).await {
+        Ok(Ok(stream)) => serve(&side, stream, &mut requests, &conn, &mut waiting).await,
         Ok(Err(e)) => Some((e, false)),
         Err(_) => None,
     };
@@ -188,7 +186,7 @@ async fn run_connection(
         let failure = match &broke {
             Some((_, true)) if !request.retried => {
                 request.retried = true;
-                match submit(&inner, request) {
+                match submit(&side, request) {
                     Ok(()) => continue,
                     Err(back) => {
                         request = back;
@@ -219,7 +217,7 @@ async fn connect(to: SocketAddr) -> io::Result<TcpStream> {
 /// Runs an open connection until it idles out or breaks. `Some((error, reused))` when it broke;
 /// `reused` when it had answered before (its unanswered tries deserve another connection).
 async fn serve(
-    inner: &Inner,
+    side: &UpstreamSide,
     stream: TcpStream,
     requests: &mut mpsc::UnboundedReceiver<Request>,
     conn: &Conn,
@@ -235,7 +233,7 @@ async fn serve(
     // two of them may pick the same one for the same upstream. (Over TCP an off-path spoofer
     // cannot inject a reply, so these need not be random.)
     let mut next_id: u16 = 0;
-    let mut sweep = tokio::time::interval(inner.budget.max(Duration::from_millis(100)));
+    let mut sweep = tokio::time::interval(side.budget.max(Duration::from_millis(100)));
     loop {
         tokio::select! {
             request = requests.recv() => {
@@ -248,7 +246,7 @@ async fn serve(
                 wire::set_id(&mut request.message, local);
                 framed.clear();
                 frame::encode(&request.message, &mut framed);
-                let written = tokio::time::timeout(inner.budget, writer.write_all(&framed)).await;
+                let written = tokio::time::timeout(side.budget, writer.write_all(&framed)).await;
                 waiting.insert(local, (request, Instant::now()));
                 match written {
                     Ok(Ok(())) => {}
@@ -286,7 +284,7 @@ async fn serve(
             }
             _ = sweep.tick() => {
                 // Tries past their budget are the engine's business now; forget them here.
-                let budget = inner.budget;
+                let budget = side.budget;
                 let before = waiting.len();
                 waiting.retain(|_, (_, sent)| sent.elapsed() < budget);
                 conn.inflight.fetch_sub(before - waiting.len(), Relaxed);

@@ -125,10 +125,10 @@ impl Running {
         // DNS answers never mix, while a cluster name asked on either listener shares one entry.
         let cache = Cache::new(config.cache, KeyHasher::new(rand::random()))
             .map(|c| Arc::new(Mutex::new(c)));
-        let upstream_tcp = Arc::new(UpstreamSide::new(
+        let upstream_tcp = UpstreamSide::new(
             tokio::runtime::Handle::current(),
             config.engine.upstream_timeout,
-        ));
+        );
         let shared = Shared {
             config: &config,
             sets: &sets,
