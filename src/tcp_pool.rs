@@ -175,16 +175,20 @@ async fn run_connection(
 ) {
     // Tries sent on the connection and not yet answered, with when they were sent.
     let mut waiting: HashMap<u16, (Request, Instant)> = HashMap::new();
+    // Whether it answered before it broke: its unanswered tries then deserve another connection.
+    let reused = &mut false;
     let broke = match tokio::time::timeout(side.budget, connect(to)).await {
-        Ok(Ok(stream)) => serve(&side, stream, &mut requests, &conn, &mut waiting).await,
-        Ok(Err(e)) => Some((e, false)),
+        Ok(Ok(stream)) => serve(&side, stream, &mut requests, &conn, &mut waiting, reused)
+            .await
+            .err(),
+        Ok(Err(e)) => Some(e),
         Err(_) => None,
     };
     requests.close();
     let queued = std::iter::from_fn(|| requests.try_recv().ok());
     for mut request in waiting.into_values().map(|(r, _)| r).chain(queued) {
         let failure = match &broke {
-            Some((_, true)) if !request.retried => {
+            Some(_) if *reused && !request.retried => {
                 request.retried = true;
                 match submit(&side, request) {
                     Ok(()) => continue,
@@ -194,7 +198,7 @@ async fn run_connection(
                     }
                 }
             }
-            Some((e, _)) => Failure::from_io(e),
+            Some(e) => Failure::from_io(e),
             // Timed out connecting: the engine's own timers move its tries on.
             None => continue,
         };
@@ -214,20 +218,20 @@ async fn connect(to: SocketAddr) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-/// Runs an open connection until it idles out or breaks. `Some((error, reused))` when it broke;
-/// `reused` when it had answered before (its unanswered tries deserve another connection).
+/// Runs an open connection until it idles out (`Ok`) or breaks; sets `answered` at its first
+/// reply passed on.
 async fn serve(
     side: &UpstreamSide,
     stream: TcpStream,
     requests: &mut mpsc::UnboundedReceiver<Request>,
     conn: &Conn,
     waiting: &mut HashMap<u16, (Request, Instant)>,
-) -> Option<(io::Error, bool)> {
+    answered: &mut bool,
+) -> io::Result<()> {
     let (mut reader, mut writer) = stream.into_split();
     let mut decoder = FrameDecoder::new(usize::from(u16::MAX));
     let mut chunk = vec![0u8; 16 * 1024];
     let mut framed = Vec::new();
-    let mut answered = 0usize;
     let mut idle_since = Instant::now();
     // Each connection numbers its own tries: relay threads choose their IDs independently, and
     // two of them may pick the same one for the same upstream. (Over TCP an off-path spoofer
@@ -237,7 +241,9 @@ async fn serve(
     loop {
         tokio::select! {
             request = requests.recv() => {
-                let mut request = request?;
+                let Some(mut request) = request else {
+                    return Ok(());
+                };
                 while waiting.contains_key(&next_id) {
                     next_id = next_id.wrapping_add(1);
                 }
@@ -248,31 +254,22 @@ async fn serve(
                 frame::encode(&request.message, &mut framed);
                 let written = tokio::time::timeout(side.budget, writer.write_all(&framed)).await;
                 waiting.insert(local, (request, Instant::now()));
-                match written {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Some((e, answered > 0)),
-                    Err(_) => return Some((io::Error::new(io::ErrorKind::TimedOut, "the upstream does not read"), answered > 0)),
-                }
+                written.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the upstream does not read"))??;
             }
             read = reader.read(&mut chunk) => {
-                let n = match read {
-                    Ok(0) => return Some((io::Error::new(io::ErrorKind::UnexpectedEof, "the upstream closed the connection"), answered > 0)),
-                    Ok(n) => n,
-                    Err(e) => return Some((e, answered > 0)),
+                let n = match read? {
+                    0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the upstream closed the connection")),
+                    n => n,
                 };
                 decoder.feed(&chunk[..n]);
-                loop {
-                    let reply = match decoder.next_frame() {
-                        Ok(Some(reply)) => reply,
-                        Ok(None) => break,
-                        Err(_) => return Some((io::Error::new(io::ErrorKind::InvalidData, "a frame over 65,535 bytes"), answered > 0)),
-                    };
+                let too_long = |_| io::Error::new(io::ErrorKind::InvalidData, "a frame over 65,535 bytes");
+                while let Some(reply) = decoder.next_frame().map_err(too_long)? {
                     if reply.len() < wire::HEADER_LEN {
                         continue;
                     }
                     if let Some((request, _)) = waiting.remove(&wire::id(reply)) {
                         conn.inflight.fetch_sub(1, Relaxed);
-                        answered += 1;
+                        *answered = true;
                         let mut reply = reply.to_vec();
                         wire::set_id(&mut reply, request.leg.id);
                         request.mailbox.post(Letter::UpstreamReply { leg: request.leg, reply });
@@ -289,7 +286,7 @@ async fn serve(
                 waiting.retain(|_, (_, sent)| sent.elapsed() < budget);
                 conn.inflight.fetch_sub(before - waiting.len(), Relaxed);
                 if waiting.is_empty() && idle_since.elapsed() >= IDLE {
-                    return None;
+                    return Ok(());
                 }
             }
         }
