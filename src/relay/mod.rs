@@ -48,6 +48,9 @@ use upstream_sockets::UpstreamSockets;
 const BATCH: usize = 64;
 /// Longest an idle loop sleeps before going round (and beating its heartbeat) again.
 const HEARTBEAT_IDLE: Duration = Duration::from_millis(500);
+/// How long queries already read may take to finish after the listeners close (TCP clients in
+/// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
+pub const DRAIN: Duration = Duration::from_secs(1);
 
 /// epoll tokens: the stop eventfd, the mailbox, the listener; upstream socket `i` is `FIRST_UPSTREAM + i`.
 const STOP_TOKEN: u64 = u64::MAX;
@@ -94,9 +97,6 @@ pub struct Relay {
     pub stats: Arc<ListenerStats>,
     pub stop: Arc<Stop>,
     pub heartbeat: (Arc<Heartbeats>, usize),
-    /// After a stop without hand-over, how long queries already taken may still be answered
-    /// (TCP clients).
-    pub drain: Duration,
     /// Our own standby prober's questions, which must find LocalDNS or silence, never us.
     pub own_probes: Arc<OwnProbes>,
     /// Who holds the flows, and the standby's ear for pods' queries that reach us while
@@ -180,7 +180,7 @@ pub fn run(mut relay: Relay) {
                     } else if let Some(l) = shell.listener.take() {
                         let _ = shell.epoll.delete(&l);
                         phase = Phase::Closing {
-                            until: Instant::now() + relay.drain,
+                            until: Instant::now() + DRAIN,
                         };
                     }
                 }

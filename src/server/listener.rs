@@ -4,7 +4,6 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -23,10 +22,6 @@ use crate::systemd::Heartbeats;
 use crate::tcp::{self, ClientSide};
 use crate::tcp_pool::UpstreamSide;
 use crate::upstream::UpstreamSets;
-
-/// How long queries already read may take to finish after the listeners close (TCP clients in
-/// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
-pub(super) const DRAIN: Duration = Duration::from_secs(1);
 
 /// What the relay threads and TCP tasks of both listeners are started with.
 pub(super) struct Shared<'a> {
@@ -96,7 +91,6 @@ pub(super) fn start_listener(
             stats,
             stop: shared.stop.clone(),
             heartbeat: (shared.heartbeats.clone(), index * threads + t),
-            drain: DRAIN,
             own_probes: shared.own_probes.clone(),
             strays: shared.strays.clone(),
         };

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::listener::{DRAIN, Shared, start_listener};
+use super::listener::{Shared, start_listener};
 use super::prepare::Prepared;
 use super::reporting::reporting;
 use crate::cache::{Cache, KeyHasher};
@@ -19,6 +19,7 @@ use crate::discover::follow;
 use crate::flows::Cause;
 use crate::listen::Held;
 use crate::netlink::{self, Diag};
+use crate::relay::DRAIN;
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::standby::{self, Strays};
 use crate::stats::Counters;
