@@ -49,10 +49,9 @@ pub(super) struct Started {
 }
 
 /// Starts one listener: `--udp-threads` relay threads on its UDP socket (heartbeats from
-/// `index * threads`) and the task that accepts its TCP connections.
+/// `role as usize * threads`) and the task that accepts its TCP connections.
 pub(super) fn start_listener(
     shared: &Shared<'_>,
-    index: usize,
     role: ListenerRole,
     bound: Bound,
 ) -> Result<Started, String> {
@@ -90,7 +89,7 @@ pub(super) fn start_listener(
             upstreams: shared.sets_rx.clone(),
             stats,
             stop: shared.stop.clone(),
-            heartbeat: (shared.heartbeats.clone(), index * threads + t),
+            heartbeat: (shared.heartbeats.clone(), role as usize * threads + t),
             own_probes: shared.own_probes.clone(),
             strays: shared.strays.clone(),
         };

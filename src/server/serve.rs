@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -78,16 +78,10 @@ impl Running {
     ) -> Result<Running, String> {
         let (prober, own_probes) = standby::prober(&config)?;
         let config = Arc::new(config);
-        let counters = Counters::new(std::time::SystemTime::now());
+        let counters = Counters::new(SystemTime::now());
         let strays =
             Strays::new(counters.clone()).map_err(|e| format!("cannot make an eventfd: {e}"))?;
-        let Prepared {
-            node,
-            cluster,
-            metrics: metrics_listener,
-            owned,
-        } = prepared;
-        let metrics_listener = match metrics_listener.map(tokio::net::TcpListener::from_std) {
+        let metrics_listener = match prepared.metrics.map(tokio::net::TcpListener::from_std) {
             Some(Ok(l)) => Some(l),
             Some(Err(e)) => return Err(format!("cannot register the metrics socket: {e}")),
             None => None,
@@ -107,7 +101,7 @@ impl Running {
                 stop.clone(),
                 follow::follow(
                     config.discovery.clone(),
-                    owned,
+                    prepared.owned,
                     listeners,
                     publish,
                     counters.clone(),
@@ -146,11 +140,11 @@ impl Running {
         let mut relay_threads = Vec::new();
         let mut held = Vec::new();
         let mut tcp_sides = Vec::new();
-        for (index, (role, bound)) in [(ListenerRole::Node, node), (ListenerRole::Cluster, cluster)]
-            .into_iter()
-            .enumerate()
-        {
-            let started = start_listener(&shared, index, role, bound)?;
+        for (role, bound) in [
+            (ListenerRole::Node, prepared.node),
+            (ListenerRole::Cluster, prepared.cluster),
+        ] {
+            let started = start_listener(&shared, role, bound)?;
             held.push(started.held);
             relay_threads.extend(started.relay_threads);
             tasks.push(started.tcp);
@@ -206,45 +200,35 @@ impl Running {
     /// what is in flight finish for up to `DRAIN`, then takes the listener addresses off `lo`
     /// (and detaches the steering first if LocalDNS has not joined).
     async fn stop(self) {
-        let Running {
-            config,
-            notifier,
-            counters,
-            held,
-            stop,
-            tasks,
-            relay_threads,
-            tcp_sides,
-            standby: (standby_stop, standing),
-        } = self;
-        notifier.notify("STOPPING=1");
+        self.notifier.notify("STOPPING=1");
+        let (standby_stop, standing) = self.standby;
         standby_stop.stop();
         let _ = tokio::task::spawn_blocking(move || standing.join()).await;
         // New flows to LocalDNS first (when it has joined our ports): the relay threads then
         // answer what already reached us before they close.
-        let mut held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()));
         // The drain needs every listener handed over.
         Held::read_places(Diag::open().ok().as_mut(), &mut held);
         let handed = Held::hand_over_all(&mut held);
         if handed {
-            counters.takeovers.handed_back(std::time::SystemTime::now());
+            self.counters.takeovers.handed_back(SystemTime::now());
             tracing::info!("stopping: new flows go to LocalDNS; answering what we have");
         } else {
             tracing::info!("stopping: closing listeners");
         }
         // The relay threads read who holds the flows at the stop: handed over, they drain.
-        stop.stop();
-        for task in tasks {
+        self.stop.stop();
+        for task in self.tasks {
             let _ = task.await;
         }
         tracing::info!("listeners closed; draining queries in flight");
         let clients = async {
-            for side in &tcp_sides {
+            for side in &self.tcp_sides {
                 side.closed().await;
             }
         };
         let drained = tokio::time::timeout(DRAIN, clients).await.is_ok();
-        for thread in relay_threads {
+        for thread in self.relay_threads {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
         // Handed over, the program stays on the groups: it never picks our index, so after our
@@ -257,10 +241,10 @@ impl Running {
             }
         }
         // Then the addresses on lo.
-        if config.link_setup {
+        if self.config.link_setup {
             // Without CAP_NET_ADMIN (dropped when nothing needs it) this fails; the unit's
             // ExecStopPost removes them then, as it does after a kill.
-            if let Err(e) = netlink::release_from_loopback(&standby::lo_addresses(&config)) {
+            if let Err(e) = netlink::release_from_loopback(&standby::lo_addresses(&self.config)) {
                 tracing::info!("listener addresses left on lo for the unit to remove: {e}");
             }
         }
