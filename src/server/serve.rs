@@ -4,6 +4,7 @@
 //! lets work in flight finish for a moment.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -264,28 +265,16 @@ fn other_descriptors(config: &Config) -> usize {
 /// The upstreams given by flags, before discovery has looked; a group given by flags is
 /// recorded with the source `flag`.
 fn flag_upstreams(config: &Config, counters: &Arc<Counters>) -> Arc<UpstreamSets> {
-    let sets = Arc::new(UpstreamSets {
-        vnet_dns: Arc::new(UpstreamSet::counted(
-            config.node_upstreams.clone(),
-            UpstreamGroup::VnetDns,
-            counters,
-            Instant::now(),
-        )),
-        kube_dns: Arc::new(UpstreamSet::counted(
-            config.cluster_upstreams.clone(),
-            UpstreamGroup::KubeDns,
-            counters,
-            Instant::now(),
-        )),
-        hosts: Default::default(),
-    });
-    for (group, given) in [
-        (UpstreamGroup::VnetDns, &config.node_upstreams),
-        (UpstreamGroup::KubeDns, &config.cluster_upstreams),
-    ] {
+    let set = |group, given: &Vec<SocketAddr>| {
         if !given.is_empty() {
             counters.upstreams_changed(group, "flag");
         }
-    }
-    sets
+        let set = UpstreamSet::counted(given.clone(), group, counters, Instant::now());
+        Arc::new(set)
+    };
+    Arc::new(UpstreamSets {
+        vnet_dns: set(UpstreamGroup::VnetDns, &config.node_upstreams),
+        kube_dns: set(UpstreamGroup::KubeDns, &config.cluster_upstreams),
+        hosts: Default::default(),
+    })
 }
