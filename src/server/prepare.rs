@@ -29,14 +29,12 @@ pub async fn prepare(config: &Config, ours: bool) -> Result<Prepared, String> {
     if config.link_setup && !config.standby {
         set_up_link(config)?;
     }
-    let metrics = match config.metrics {
-        Some(addr) => Some(
-            std::net::TcpListener::bind(addr)
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
-        ),
-        None => None,
-    };
+    let metrics = config.metrics.map(|addr| {
+        std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))
+    });
+    let metrics = metrics.transpose()?;
     let (node, cluster) = tokio::try_join!(
         listen::bind_listener(config.node_listen, config.bind_timeout, ours),
         listen::bind_listener(config.cluster_listen, config.bind_timeout, ours),
@@ -70,13 +68,12 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
     // iptables, nft and ipvsadm talk netlink/netfilter (CAP_NET_ADMIN); iptables-legacy also opens
     // a raw socket (CAP_NET_RAW). On standby the listener addresses go on and off lo at each
     // takeover and hand-back (CAP_NET_ADMIN).
-    let mut keep: Vec<Capability> = if reads_rules {
-        vec![Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW]
-    } else {
-        Vec::new()
-    };
-    if config.standby && config.link_setup && !keep.contains(&Capability::CAP_NET_ADMIN) {
+    let mut keep = Vec::new();
+    if reads_rules || (config.standby && config.link_setup) {
         keep.push(Capability::CAP_NET_ADMIN);
+    }
+    if reads_rules {
+        keep.push(Capability::CAP_NET_RAW);
     }
     match privilege::keep_only(&keep) {
         Ok(()) => {
