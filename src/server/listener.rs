@@ -26,9 +26,8 @@ use crate::upstream::UpstreamSets;
 /// What the relay threads and TCP tasks of both listeners are started with.
 pub(super) struct Shared<'a> {
     pub(super) config: &'a Config,
-    /// The upstreams as the first look left them; later changes reach the relays by `sets_rx`.
-    pub(super) sets: &'a Arc<UpstreamSets>,
     pub(super) counters: &'a Arc<Counters>,
+    /// The upstreams: each engine starts with the sets in it, and is given later ones through it.
     pub(super) sets_rx: &'a watch::Receiver<Arc<UpstreamSets>>,
     pub(super) cache: &'a Option<Arc<Mutex<Cache>>>,
     pub(super) upstream_tcp: &'a Arc<UpstreamSide>,
@@ -57,9 +56,8 @@ pub(super) fn start_listener(
 ) -> Result<Started, String> {
     let config = shared.config;
     let threads = config.udp_threads;
-    let sets = shared.sets;
-    log_listener(role, bound.addr, sets, config, &bound.udp);
-    let held = bound.held;
+    let sets = shared.sets_rx.borrow().clone();
+    log_listener(role, bound.addr, &sets, config, &bound.udp);
     // Each thread has its own engine, upstream sockets, pending queries and timers; they share
     // the listener socket itself, and epoll wakes one of them per datagram.
     let mut mailboxes = Vec::new();
@@ -111,7 +109,7 @@ pub(super) fn start_listener(
         .map_err(|e| format!("cannot register TCP socket {}: {e}", bound.addr))?;
     let tcp = tokio::spawn(tcp::serve(listener, side.clone(), shared.stop.clone()));
     Ok(Started {
-        held,
+        held: bound.held,
         relay_threads,
         tcp,
         tcp_side: side,

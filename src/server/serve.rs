@@ -115,7 +115,6 @@ impl Running {
                 );
             }
         }
-        let sets = sets_rx.borrow().clone();
         let heartbeats = Heartbeats::new(2 * config.udp_threads);
         // One cache for both listeners: the key holds the upstream group, so kube-dns and VNet
         // DNS answers never mix, while a cluster name asked on either listener shares one entry.
@@ -127,7 +126,6 @@ impl Running {
         );
         let shared = Shared {
             config: &config,
-            sets: &sets,
             counters: &counters,
             sets_rx: &sets_rx,
             cache: &cache,
