@@ -39,21 +39,24 @@ pub(super) struct Shared<'a> {
     pub(super) tcp_cap: usize,
 }
 
-/// One listener, started: its hold on the steering, its relay threads and its TCP task.
+/// What the listeners started: their holds on the steering, their relay threads, the tasks that
+/// accept their TCP connections, and those connections.
+#[derive(Default)]
 pub(super) struct Started {
-    pub(super) held: Held,
+    pub(super) held: Vec<Held>,
     pub(super) relay_threads: Vec<std::thread::JoinHandle<()>>,
-    pub(super) tcp: JoinHandle<()>,
-    pub(super) tcp_side: Arc<ClientSide>,
+    pub(super) tcp: Vec<JoinHandle<()>>,
+    pub(super) tcp_sides: Vec<Arc<ClientSide>>,
 }
 
-/// Starts one listener: `--udp-threads` relay threads on its UDP socket (heartbeats from
-/// `role as usize * threads`) and the task that accepts its TCP connections.
+/// Starts one listener, into `started`: `--udp-threads` relay threads on its UDP socket
+/// (heartbeats from `role as usize * threads`) and the task that accepts its TCP connections.
 pub(super) fn start_listener(
     shared: &Shared<'_>,
     role: ListenerRole,
     bound: Bound,
-) -> Result<Started, String> {
+    started: &mut Started,
+) -> Result<(), String> {
     let config = shared.config;
     let threads = config.udp_threads;
     let sets = shared.sets_rx.borrow().clone();
@@ -61,7 +64,6 @@ pub(super) fn start_listener(
     // Each thread has its own engine, upstream sockets, pending queries and timers; they share
     // the listener socket itself, and epoll wakes one of them per datagram.
     let mut mailboxes = Vec::new();
-    let mut relay_threads = Vec::new();
     for t in 0..threads {
         let udp = bound
             .udp
@@ -95,7 +97,7 @@ pub(super) fn start_listener(
             .name(format!("relay-{}-{t}", role.name()))
             .spawn(move || relay::run(relay))
             .map_err(|e| format!("cannot start a relay thread: {e}"))?;
-        relay_threads.push(thread);
+        started.relay_threads.push(thread);
     }
     drop(bound.udp);
     let side = Arc::new(ClientSide::new(
@@ -108,12 +110,10 @@ pub(super) fn start_listener(
     let listener = tokio::net::TcpListener::from_std(bound.tcp)
         .map_err(|e| format!("cannot register TCP socket {}: {e}", bound.addr))?;
     let tcp = tokio::spawn(tcp::serve(listener, side.clone(), shared.stop.clone()));
-    Ok(Started {
-        held: bound.held,
-        relay_threads,
-        tcp,
-        tcp_side: side,
-    })
+    started.held.push(bound.held);
+    started.tcp.push(tcp);
+    started.tcp_sides.push(side);
+    Ok(())
 }
 
 fn log_listener(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::listener::{Shared, start_listener};
+use super::listener::{Shared, Started, start_listener};
 use super::prepare::Prepared;
 use super::reporting::reporting;
 use crate::cache::{Cache, KeyHasher};
@@ -136,19 +136,14 @@ impl Running {
             strays: &strays,
             tcp_cap: tcp::connection_cap(config.max_tcp_connections, other_descriptors(&config)),
         };
-        let mut relay_threads = Vec::new();
-        let mut held = Vec::new();
-        let mut tcp_sides = Vec::new();
+        let mut started = Started::default();
         for (role, bound) in [
             (ListenerRole::Node, prepared.node),
             (ListenerRole::Cluster, prepared.cluster),
         ] {
-            let started = start_listener(&shared, role, bound)?;
-            held.push(started.held);
-            relay_threads.extend(started.relay_threads);
-            tasks.push(started.tcp);
-            tcp_sides.push(started.tcp_side);
+            start_listener(&shared, role, bound, &mut started)?;
         }
+        tasks.append(&mut started.tcp);
         counters.takeovers.set_standby(config.standby);
         tracing::info!("ready");
         notifier.notify("READY=1");
@@ -169,7 +164,7 @@ impl Running {
         if taken.is_none() {
             tracing::info!("LocalDNS answers on both listeners; standing by");
         }
-        let held = Arc::new(Mutex::new(held));
+        let held = Arc::new(Mutex::new(started.held));
         let standby_stop = Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
         let shell = standby::Shell {
             held: held.clone(),
@@ -189,8 +184,8 @@ impl Running {
             held,
             stop,
             tasks,
-            relay_threads,
-            tcp_sides,
+            relay_threads: started.relay_threads,
+            tcp_sides: started.tcp_sides,
             standby: (standby_stop, standing),
         })
     }
