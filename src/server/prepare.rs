@@ -24,10 +24,17 @@ pub struct Prepared {
 /// the tools they run).
 /// New flows go to us from the instant each socket is bound if `ours`, else to LocalDNS's.
 pub async fn prepare(config: &Config, ours: bool) -> Result<Prepared, String> {
-    // On standby the addresses go on lo only when we take the flows (see `standby`): while
-    // LocalDNS serves they are its link's alone.
+    // The listener addresses go on `lo`, where LocalDNS never deletes them; its own link
+    // `localdns` is left as it is (see `netlink`). On standby they go on only when we take the
+    // flows (see `standby`): while LocalDNS serves they are its link's alone.
     if config.link_setup && !config.standby {
-        set_up_link(config)?;
+        let outcome = netlink::claim_on_loopback(&crate::standby::lo_addresses(config))?;
+        tracing::info!(
+            on = netlink::LOOPBACK,
+            added = ?outcome.added,
+            already_there = ?outcome.present,
+            "listener addresses in place"
+        );
     }
     let metrics = config.metrics.map(|addr| {
         std::net::TcpListener::bind(addr)
@@ -81,17 +88,4 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
         }
         Err(e) => tracing::warn!("{e}; running with the capabilities it was started with"),
     }
-}
-
-/// Puts the listener addresses on `lo`, where LocalDNS never deletes them; its own link
-/// `localdns` is left as it is (see `netlink`).
-fn set_up_link(config: &Config) -> Result<(), String> {
-    let outcome = netlink::claim_on_loopback(&crate::standby::lo_addresses(config))?;
-    tracing::info!(
-        on = netlink::LOOPBACK,
-        added = ?outcome.added,
-        already_there = ?outcome.present,
-        "listener addresses in place"
-    );
-    Ok(())
 }
