@@ -3,7 +3,6 @@
 //! thread of its own; [`Running::stop`] hands new flows to LocalDNS, closes the listeners and
 //! lets work in flight finish for a moment.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -34,22 +33,8 @@ use crate::upstream::{UpstreamSet, UpstreamSets};
 /// bound sockets' buffers; a slower look finishes in the background while we serve.
 const FIRST_LOOK: Duration = Duration::from_secs(3);
 
-/// Serves until `shutdown`: the flows taken from the start for `taken`, or left with LocalDNS
-/// while it answers (`--standby`); moved after that as `standby::run` decides.
-pub async fn serve(
-    config: Config,
-    prepared: Prepared,
-    taken: Option<Cause>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), String> {
-    let running = Running::start(config, prepared, taken).await?;
-    shutdown.await;
-    running.stop().await;
-    Ok(())
-}
-
 /// A serving daemon: what its stop needs to reach.
-struct Running {
+pub(super) struct Running {
     config: Arc<Config>,
     notifier: Arc<Notifier>,
     /// Who holds the flows, for `/metrics`: the standby moves them, the stop hands them back.
@@ -71,8 +56,10 @@ struct Running {
 impl Running {
     /// Starts discovery (waiting up to `FIRST_LOOK` for its first look), both listeners' relay
     /// threads and TCP tasks, then the status line, metrics and the watchdog, tells systemd we
-    /// are ready, and starts the standby's loop.
-    async fn start(
+    /// are ready, and starts the standby's loop: the flows taken from the start for `taken`, or
+    /// left with LocalDNS while it answers (`--standby`); moved after that as `standby::run`
+    /// decides.
+    pub(super) async fn start(
         config: Config,
         prepared: Prepared,
         taken: Option<Cause>,
@@ -193,7 +180,7 @@ impl Running {
     /// Hands new flows to LocalDNS where it has joined our ports, stops the listeners, lets
     /// what is in flight finish for up to `DRAIN`, then takes the listener addresses off `lo`
     /// (and detaches the steering first if LocalDNS has not joined).
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         self.notifier.notify("STOPPING=1");
         let (standby_stop, standing) = self.standby;
         standby_stop.stop();
