@@ -22,10 +22,10 @@ pub(super) struct UpstreamSocket {
 pub(super) struct UpstreamSockets {
     /// By index (their epoll token); `None` for sockets closed since.
     sockets: Vec<Option<UpstreamSocket>>,
-    /// Each upstream's open sockets, by slot (indices into `sockets`); empty when none could be
-    /// made.
-    /// Looked up on every query sent: a scan of the few upstreams, as `UpstreamSet` does, is
-    /// cheaper than hashing the address.
+    /// Each upstream's sockets, by slot (indices into `sockets`, all open: a socket is closed
+    /// only with its upstream's entry); empty when none could be made. Looked up on every query
+    /// sent: a scan of the few upstreams, as `UpstreamSet` does, is cheaper than hashing the
+    /// address.
     by_upstream: Vec<(SocketAddr, Vec<usize>)>,
     per_upstream: usize,
 }
