@@ -197,14 +197,10 @@ impl<T: Copy> SendBatch<T> {
             h.msg_iovlen = 1;
         }
         let mut k = 0;
-        while k < n {
-            let tag = msgs[self.order[k]].tag;
-            let end = k + self.order[k..]
-                .iter()
-                .take_while(|&&i| msgs[i].tag == tag)
-                .count();
-            let Some(fd) = socket(tag) else {
-                for &i in &self.order[k..end] {
+        for group in self.order.chunk_by(|&a, &b| msgs[a].tag == msgs[b].tag) {
+            let end = k + group.len();
+            let Some(fd) = socket(msgs[group[0]].tag) else {
+                for &i in group {
                     refused(msgs[i].value, io::Error::from(io::ErrorKind::NotConnected));
                 }
                 k = end;

@@ -63,7 +63,8 @@ struct Conn {
     inflight: AtomicUsize,
 }
 
-struct Inner {
+/// The upstream TCP connections of the whole process, shared by every relay thread.
+pub struct UpstreamSide {
     runtime: tokio::runtime::Handle,
     /// `SHARED_CONNECTIONS`: each connection holds a descriptor, and the process's descriptor
     /// limit is shared with its listeners and clients.
@@ -73,44 +74,42 @@ struct Inner {
     pools: Mutex<HashMap<SocketAddr, Vec<Arc<Conn>>>>,
 }
 
-/// The upstream TCP connections of the whole process, shared by every relay thread.
-pub struct UpstreamSide {
-    inner: Arc<Inner>,
-}
-
 impl UpstreamSide {
-    pub fn new(runtime: tokio::runtime::Handle, budget: Duration) -> UpstreamSide {
-        UpstreamSide {
-            inner: Arc::new(Inner {
-                runtime,
-                shared_connections: Arc::new(Semaphore::new(SHARED_CONNECTIONS)),
-                budget,
-                pools: Mutex::new(HashMap::new()),
-            }),
-        }
+    pub fn new(runtime: tokio::runtime::Handle, budget: Duration) -> Arc<UpstreamSide> {
+        Arc::new(UpstreamSide {
+            runtime,
+            shared_connections: Arc::new(Semaphore::new(SHARED_CONNECTIONS)),
+            budget,
+            pools: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Sends `message` to `leg.to` over TCP; every message read back is posted to `mailbox`.
     /// Fails at once (a local failure, which the engine does not hold against the upstream)
     /// when the upstream has all the tries in flight it may: the query moves on instead of
     /// waiting behind a hung upstream.
-    pub fn start(&self, leg: Leg, message: Vec<u8>, mailbox: Arc<Mailbox>) -> Result<(), Failure> {
+    pub fn start(
+        self: &Arc<Self>,
+        leg: Leg,
+        message: Vec<u8>,
+        mailbox: Arc<Mailbox>,
+    ) -> Result<(), Failure> {
         let request = Request {
             leg,
             message,
             mailbox,
             retried: false,
         };
-        submit(&self.inner, request).map_err(|_| BUSY)
+        submit(self, request).map_err(|_| BUSY)
     }
 }
 
 /// Hands a try to a connection to its upstream; gives it back when the upstream has all the
 /// tries in flight it may.
-fn submit(inner: &Arc<Inner>, mut request: Request) -> Result<(), Request> {
+fn submit(side: &Arc<UpstreamSide>, mut request: Request) -> Result<(), Request> {
     // Twice: the connection picked may end before the send.
     for _ in 0..2 {
-        let Some(conn) = pick(inner, request.leg.to) else {
+        let Some(conn) = pick(side, request.leg.to) else {
             break;
         };
         match conn.requests.send(request) {
@@ -124,8 +123,8 @@ fn submit(inner: &Arc<Inner>, mut request: Request) -> Result<(), Request> {
 /// The least busy open connection to `to`, or a new one beside it when all are busy, with the
 /// try counted on it; None when `to` has `TRIES_PER_UPSTREAM` in flight. Counted under the
 /// lock, so relay threads picking at once cannot overshoot the cap.
-fn pick(inner: &Arc<Inner>, to: SocketAddr) -> Option<Arc<Conn>> {
-    let mut pools = inner.pools.lock().unwrap_or_else(|p| p.into_inner());
+fn pick(side: &Arc<UpstreamSide>, to: SocketAddr) -> Option<Arc<Conn>> {
+    let mut pools = side.pools.lock().unwrap_or_else(|p| p.into_inner());
     let pool = pools.entry(to).or_default();
     pool.retain(|c| !c.requests.is_closed());
     let inflight = |c: &Arc<Conn>| c.inflight.load(Relaxed);
@@ -135,12 +134,12 @@ fn pick(inner: &Arc<Inner>, to: SocketAddr) -> Option<Arc<Conn>> {
     let least = pool.iter().min_by_key(|c| inflight(c)).cloned();
     let conn = match least {
         Some(c) if inflight(&c) < PIPELINE || pool.len() >= CONNECTIONS_PER_UPSTREAM => c,
-        Some(c) => match inner.shared_connections.clone().try_acquire_owned() {
-            Ok(permit) => open(inner, to, pool, Some(permit)),
+        Some(c) => match side.shared_connections.clone().try_acquire_owned() {
+            Ok(permit) => open(side, to, pool, Some(permit)),
             // The other upstreams hold every shared connection: this one's take more tries.
             Err(_) => c,
         },
-        None => open(inner, to, pool, None),
+        None => open(side, to, pool, None),
     };
     conn.inflight.fetch_add(1, Relaxed);
     Some(conn)
@@ -148,7 +147,7 @@ fn pick(inner: &Arc<Inner>, to: SocketAddr) -> Option<Arc<Conn>> {
 
 /// A new connection to `to` in `pool`; `permit` is its place among `SHARED_CONNECTIONS`.
 fn open(
-    inner: &Arc<Inner>,
+    side: &Arc<UpstreamSide>,
     to: SocketAddr,
     pool: &mut Vec<Arc<Conn>>,
     permit: Option<OwnedSemaphorePermit>,
@@ -159,9 +158,8 @@ fn open(
         inflight: AtomicUsize::new(0),
     });
     pool.push(conn.clone());
-    inner
-        .runtime
-        .spawn(run_connection(inner.clone(), to, rx, conn.clone(), permit));
+    side.runtime
+        .spawn(run_connection(side.clone(), to, rx, conn.clone(), permit));
     conn
 }
 
@@ -169,7 +167,7 @@ fn open(
 /// and when it breaks moves its unanswered tries once to a fresh connection (a reused connection
 /// the upstream closed while idle is no fault of the try) or fails them.
 async fn run_connection(
-    inner: Arc<Inner>,
+    side: Arc<UpstreamSide>,
     to: SocketAddr,
     mut requests: mpsc::UnboundedReceiver<Request>,
     conn: Arc<Conn>,
@@ -177,18 +175,22 @@ async fn run_connection(
 ) {
     // Tries sent on the connection and not yet answered, with when they were sent.
     let mut waiting: HashMap<u16, (Request, Instant)> = HashMap::new();
-    let broke = match tokio::time::timeout(inner.budget, connect(to)).await {
-        Ok(Ok(stream)) => serve(&inner, stream, &mut requests, &conn, &mut waiting).await,
-        Ok(Err(e)) => Some((e, false)),
+    // Whether it answered before it broke: its unanswered tries then deserve another connection.
+    let reused = &mut false;
+    let broke = match tokio::time::timeout(side.budget, connect(to)).await {
+        Ok(Ok(stream)) => serve(&side, stream, &mut requests, &conn, &mut waiting, reused)
+            .await
+            .err(),
+        Ok(Err(e)) => Some(e),
         Err(_) => None,
     };
     requests.close();
     let queued = std::iter::from_fn(|| requests.try_recv().ok());
     for mut request in waiting.into_values().map(|(r, _)| r).chain(queued) {
         let failure = match &broke {
-            Some((_, true)) if !request.retried => {
+            Some(_) if *reused && !request.retried => {
                 request.retried = true;
-                match submit(&inner, request) {
+                match submit(&side, request) {
                     Ok(()) => continue,
                     Err(back) => {
                         request = back;
@@ -196,7 +198,7 @@ async fn run_connection(
                     }
                 }
             }
-            Some((e, _)) => Failure::from_io(e),
+            Some(e) => Failure::from_io(e),
             // Timed out connecting: the engine's own timers move its tries on.
             None => continue,
         };
@@ -216,30 +218,32 @@ async fn connect(to: SocketAddr) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-/// Runs an open connection until it idles out or breaks. `Some((error, reused))` when it broke;
-/// `reused` when it had answered before (its unanswered tries deserve another connection).
+/// Runs an open connection until it idles out (`Ok`) or breaks; sets `answered` at its first
+/// reply passed on.
 async fn serve(
-    inner: &Inner,
+    side: &UpstreamSide,
     stream: TcpStream,
     requests: &mut mpsc::UnboundedReceiver<Request>,
     conn: &Conn,
     waiting: &mut HashMap<u16, (Request, Instant)>,
-) -> Option<(io::Error, bool)> {
+    answered: &mut bool,
+) -> io::Result<()> {
     let (mut reader, mut writer) = stream.into_split();
     let mut decoder = FrameDecoder::new(usize::from(u16::MAX));
     let mut chunk = vec![0u8; 16 * 1024];
     let mut framed = Vec::new();
-    let mut answered = 0usize;
     let mut idle_since = Instant::now();
     // Each connection numbers its own tries: relay threads choose their IDs independently, and
     // two of them may pick the same one for the same upstream. (Over TCP an off-path spoofer
     // cannot inject a reply, so these need not be random.)
     let mut next_id: u16 = 0;
-    let mut sweep = tokio::time::interval(inner.budget.max(Duration::from_millis(100)));
+    let mut sweep = tokio::time::interval(side.budget.max(Duration::from_millis(100)));
     loop {
         tokio::select! {
             request = requests.recv() => {
-                let mut request = request?;
+                let Some(mut request) = request else {
+                    return Ok(());
+                };
                 while waiting.contains_key(&next_id) {
                     next_id = next_id.wrapping_add(1);
                 }
@@ -248,33 +252,24 @@ async fn serve(
                 wire::set_id(&mut request.message, local);
                 framed.clear();
                 frame::encode(&request.message, &mut framed);
-                let written = tokio::time::timeout(inner.budget, writer.write_all(&framed)).await;
+                let written = tokio::time::timeout(side.budget, writer.write_all(&framed)).await;
                 waiting.insert(local, (request, Instant::now()));
-                match written {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Some((e, answered > 0)),
-                    Err(_) => return Some((io::Error::new(io::ErrorKind::TimedOut, "the upstream does not read"), answered > 0)),
-                }
+                written.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the upstream does not read"))??;
             }
             read = reader.read(&mut chunk) => {
-                let n = match read {
-                    Ok(0) => return Some((io::Error::new(io::ErrorKind::UnexpectedEof, "the upstream closed the connection"), answered > 0)),
-                    Ok(n) => n,
-                    Err(e) => return Some((e, answered > 0)),
+                let n = match read? {
+                    0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the upstream closed the connection")),
+                    n => n,
                 };
                 decoder.feed(&chunk[..n]);
-                loop {
-                    let reply = match decoder.next_frame() {
-                        Ok(Some(reply)) => reply,
-                        Ok(None) => break,
-                        Err(_) => return Some((io::Error::new(io::ErrorKind::InvalidData, "a frame over 65,535 bytes"), answered > 0)),
-                    };
+                let too_long = |_| io::Error::new(io::ErrorKind::InvalidData, "a frame over 65,535 bytes");
+                while let Some(reply) = decoder.next_frame().map_err(too_long)? {
                     if reply.len() < wire::HEADER_LEN {
                         continue;
                     }
                     if let Some((request, _)) = waiting.remove(&wire::id(reply)) {
                         conn.inflight.fetch_sub(1, Relaxed);
-                        answered += 1;
+                        *answered = true;
                         let mut reply = reply.to_vec();
                         wire::set_id(&mut reply, request.leg.id);
                         request.mailbox.post(Letter::UpstreamReply { leg: request.leg, reply });
@@ -286,12 +281,12 @@ async fn serve(
             }
             _ = sweep.tick() => {
                 // Tries past their budget are the engine's business now; forget them here.
-                let budget = inner.budget;
+                let budget = side.budget;
                 let before = waiting.len();
                 waiting.retain(|_, (_, sent)| sent.elapsed() < budget);
                 conn.inflight.fetch_sub(before - waiting.len(), Relaxed);
                 if waiting.is_empty() && idle_since.elapsed() >= IDLE {
-                    return None;
+                    return Ok(());
                 }
             }
         }

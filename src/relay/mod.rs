@@ -48,12 +48,14 @@ use upstream_sockets::UpstreamSockets;
 const BATCH: usize = 64;
 /// Longest an idle loop sleeps before going round (and beating its heartbeat) again.
 const HEARTBEAT_IDLE: Duration = Duration::from_millis(500);
+/// How long queries already read may take to finish after the listeners close (TCP clients in
+/// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
+pub const DRAIN: Duration = Duration::from_secs(1);
 
-/// epoll tokens: the stop eventfd, the mailbox, the listener; upstream socket `i` is `FIRST_UPSTREAM + i`.
+/// epoll tokens: the stop eventfd, the mailbox, the listener; upstream socket `i` is `i`.
 const STOP_TOKEN: u64 = u64::MAX;
 const MAILBOX_TOKEN: u64 = u64::MAX - 1;
-const LISTENER_TOKEN: u64 = 0;
-const FIRST_UPSTREAM: u64 = 1;
+const LISTENER_TOKEN: u64 = u64::MAX - 2;
 /// The tag of the listener in the send batch; upstream sockets are tagged with their index in
 /// `UpstreamSockets`. Sorted last, so the queries of a flush leave before its replies.
 const LISTENER_TAG: usize = usize::MAX;
@@ -94,9 +96,6 @@ pub struct Relay {
     pub stats: Arc<ListenerStats>,
     pub stop: Arc<Stop>,
     pub heartbeat: (Arc<Heartbeats>, usize),
-    /// After a stop without hand-over, how long queries already taken may still be answered
-    /// (TCP clients).
-    pub drain: Duration,
     /// Our own standby prober's questions, which must find LocalDNS or silence, never us.
     pub own_probes: Arc<OwnProbes>,
     /// Who holds the flows, and the standby's ear for pods' queries that reach us while
@@ -108,7 +107,7 @@ pub struct Relay {
 struct Shell {
     epoll: Epoll,
     listener: Option<UdpSocket>,
-    /// Watched with epoll tokens `FIRST_UPSTREAM` + index.
+    /// Watched with their index as epoll token.
     upstream_sockets: UpstreamSockets,
     mailbox: Arc<Mailbox>,
     tcp: Arc<UpstreamSide>,
@@ -180,7 +179,7 @@ pub fn run(mut relay: Relay) {
                     } else if let Some(l) = shell.listener.take() {
                         let _ = shell.epoll.delete(&l);
                         phase = Phase::Closing {
-                            until: Instant::now() + relay.drain,
+                            until: Instant::now() + DRAIN,
                         };
                     }
                 }
@@ -211,9 +210,8 @@ pub fn run(mut relay: Relay) {
                     }
                     shell.flush(&mut engine);
                 }
-                token => {
-                    let index = (token - FIRST_UPSTREAM) as usize;
-                    shell.read_upstream(&mut engine, index, &mut batch);
+                index => {
+                    shell.read_upstream(&mut engine, index as usize, &mut batch);
                     shell.flush(&mut engine);
                 }
             }
@@ -259,8 +257,7 @@ impl Shell {
             .filter(|&group| engine.sends_to(group))
             .flat_map(|group| sets.get(group).addrs().iter().copied())
             .collect();
-        self.upstream_sockets
-            .connect(&wanted, &self.epoll, FIRST_UPSTREAM);
+        self.upstream_sockets.connect(&wanted, &self.epoll);
     }
 
     /// Hands the engine what upstream socket `index` has queued: replies, or the upstream's

@@ -20,11 +20,12 @@ pub(super) struct UpstreamSocket {
 }
 
 pub(super) struct UpstreamSockets {
-    /// By index (epoll token minus the first upstream token); `None` for sockets closed since.
+    /// By index (their epoll token); `None` for sockets closed since.
     sockets: Vec<Option<UpstreamSocket>>,
-    /// Each upstream's sockets, by slot (indices into `sockets`); empty when none could be made.
-    /// Looked up on every query sent: a scan of the few upstreams, as `UpstreamSet` does, is
-    /// cheaper than hashing the address.
+    /// Each upstream's sockets, by slot (indices into `sockets`, all open: a socket is closed
+    /// only with its upstream's entry); empty when none could be made. Looked up on every query
+    /// sent: a scan of the few upstreams, as `UpstreamSet` does, is cheaper than hashing the
+    /// address.
     by_upstream: Vec<(SocketAddr, Vec<usize>)>,
     per_upstream: usize,
 }
@@ -39,8 +40,8 @@ impl UpstreamSockets {
     }
 
     /// Keeps `per_upstream` connected sockets for every upstream in `wanted`, each in `epoll`
-    /// with token `first_token` plus its index, and closes those of upstreams not in it.
-    pub fn connect(&mut self, wanted: &[SocketAddr], epoll: &Epoll, first_token: u64) {
+    /// with its index as token, and closes those of upstreams not in it.
+    pub fn connect(&mut self, wanted: &[SocketAddr], epoll: &Epoll) {
         let sockets = &mut self.sockets;
         self.by_upstream.retain(|(addr, slots)| {
             let keep = wanted.contains(addr);
@@ -54,7 +55,7 @@ impl UpstreamSockets {
             keep
         });
         for &addr in wanted {
-            if self.slots_of(addr).is_some() {
+            if self.by_upstream.iter().any(|(a, _)| *a == addr) {
                 continue;
             }
             let mut slots = Vec::new();
@@ -71,7 +72,7 @@ impl UpstreamSockets {
                     .iter()
                     .position(Option::is_none)
                     .unwrap_or(self.sockets.len());
-                let event = EpollEvent::new(EpollFlags::EPOLLIN, first_token + index as u64);
+                let event = EpollEvent::new(EpollFlags::EPOLLIN, index as u64);
                 if let Err(e) = epoll.add(&socket, event) {
                     tracing::warn!(upstream = %addr, error = %e, "cannot watch a UDP socket to this upstream");
                     break;
@@ -99,15 +100,8 @@ impl UpstreamSockets {
 
     /// The index of the open socket numbered `slot` among those of upstream `to`.
     pub fn index_of(&self, to: SocketAddr, slot: usize) -> Option<usize> {
-        let index = *self.slots_of(to)?.get(slot)?;
-        self.get(index).map(|_| index)
-    }
-
-    fn slots_of(&self, to: SocketAddr) -> Option<&[usize]> {
-        self.by_upstream
-            .iter()
-            .find(|(addr, _)| *addr == to)
-            .map(|(_, slots)| slots.as_slice())
+        let (_, slots) = self.by_upstream.iter().find(|(addr, _)| *addr == to)?;
+        slots.get(slot).copied()
     }
 }
 

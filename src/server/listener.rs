@@ -4,7 +4,6 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -24,17 +23,12 @@ use crate::tcp::{self, ClientSide};
 use crate::tcp_pool::UpstreamSide;
 use crate::upstream::UpstreamSets;
 
-/// How long queries already read may take to finish after the listeners close (TCP clients in
-/// the middle of an exchange). LocalDNS is waiting to start, so this stays short.
-pub(super) const DRAIN: Duration = Duration::from_secs(1);
-
 /// What the relay threads and TCP tasks of both listeners, and the reporting tasks, are started
 /// with.
 pub(super) struct Shared<'a> {
     pub(super) config: &'a Config,
-    /// The upstreams as the first look left them; later changes reach the relays by `sets_rx`.
-    pub(super) sets: &'a Arc<UpstreamSets>,
     pub(super) counters: &'a Arc<Counters>,
+    /// The upstreams: each engine starts with the sets in it, and is given later ones through it.
     pub(super) sets_rx: &'a watch::Receiver<Arc<UpstreamSets>>,
     pub(super) cache: &'a Option<Arc<Mutex<Cache>>>,
     pub(super) upstream_tcp: &'a Arc<UpstreamSide>,
@@ -46,31 +40,31 @@ pub(super) struct Shared<'a> {
     pub(super) tcp_cap: usize,
 }
 
-/// One listener, started: its hold on the steering, its relay threads and its TCP task.
+/// What the listeners started: their holds on the steering, their relay threads, the tasks that
+/// accept their TCP connections, and those connections.
+#[derive(Default)]
 pub(super) struct Started {
-    pub(super) held: Held,
+    pub(super) held: Vec<Held>,
     pub(super) relay_threads: Vec<std::thread::JoinHandle<()>>,
-    pub(super) tcp: JoinHandle<()>,
-    pub(super) tcp_side: Arc<ClientSide>,
+    pub(super) tcp: Vec<JoinHandle<()>>,
+    pub(super) tcp_sides: Vec<Arc<ClientSide>>,
 }
 
-/// Starts one listener: `--udp-threads` relay threads on its UDP socket (heartbeats from
-/// `index * threads`) and the task that accepts its TCP connections.
+/// Starts one listener, into `started`: `--udp-threads` relay threads on its UDP socket
+/// (heartbeats from `role as usize * threads`) and the task that accepts its TCP connections.
 pub(super) fn start_listener(
     shared: &Shared<'_>,
-    index: usize,
     role: ListenerRole,
     bound: Bound,
-) -> Result<Started, String> {
+    started: &mut Started,
+) -> Result<(), String> {
     let config = shared.config;
     let threads = config.udp_threads;
-    let sets = shared.sets;
-    log_listener(role, bound.addr, sets, config, &bound.udp);
-    let held = bound.held;
+    let sets = shared.sets_rx.borrow().clone();
+    log_listener(role, bound.addr, &sets, config, &bound.udp);
     // Each thread has its own engine, upstream sockets, pending queries and timers; they share
     // the listener socket itself, and epoll wakes one of them per datagram.
     let mut mailboxes = Vec::new();
-    let mut relay_threads = Vec::new();
     for t in 0..threads {
         let udp = bound
             .udp
@@ -97,8 +91,7 @@ pub(super) fn start_listener(
             upstreams: shared.sets_rx.clone(),
             stats,
             stop: shared.stop.clone(),
-            heartbeat: (shared.heartbeats.clone(), index * threads + t),
-            drain: DRAIN,
+            heartbeat: (shared.heartbeats.clone(), role as usize * threads + t),
             own_probes: shared.own_probes.clone(),
             strays: shared.strays.clone(),
         };
@@ -106,7 +99,7 @@ pub(super) fn start_listener(
             .name(format!("relay-{}-{t}", role.name()))
             .spawn(move || relay::run(relay))
             .map_err(|e| format!("cannot start a relay thread: {e}"))?;
-        relay_threads.push(thread);
+        started.relay_threads.push(thread);
     }
     drop(bound.udp);
     let side = Arc::new(ClientSide::new(
@@ -119,12 +112,10 @@ pub(super) fn start_listener(
     let listener = tokio::net::TcpListener::from_std(bound.tcp)
         .map_err(|e| format!("cannot register TCP socket {}: {e}", bound.addr))?;
     let tcp = tokio::spawn(tcp::serve(listener, side.clone(), shared.stop.clone()));
-    Ok(Started {
-        held,
-        relay_threads,
-        tcp,
-        tcp_side: side,
-    })
+    started.held.push(bound.held);
+    started.tcp.push(tcp);
+    started.tcp_sides.push(side);
+    Ok(())
 }
 
 fn log_listener(

@@ -45,7 +45,10 @@ pub fn run<F: Future<Output = ()>>(
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async {
         let shutdown = shutdown()?;
-        serve::serve(config, prepared, taken, shutdown).await
+        let running = serve::Running::start(config, prepared, taken).await?;
+        shutdown.await;
+        running.stop().await;
+        Ok(())
     })
 }
 

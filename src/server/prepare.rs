@@ -24,19 +24,24 @@ pub struct Prepared {
 /// the tools they run).
 /// New flows go to us from the instant each socket is bound if `ours`, else to LocalDNS's.
 pub async fn prepare(config: &Config, ours: bool) -> Result<Prepared, String> {
-    // On standby the addresses go on lo only when we take the flows (see `standby`): while
-    // LocalDNS serves they are its link's alone.
+    // The listener addresses go on `lo`, where LocalDNS never deletes them; its own link
+    // `localdns` is left as it is (see `netlink`). On standby they go on only when we take the
+    // flows (see `standby`): while LocalDNS serves they are its link's alone.
     if config.link_setup && !config.standby {
-        set_up_link(config)?;
+        let outcome = netlink::claim_on_loopback(&crate::standby::lo_addresses(config))?;
+        tracing::info!(
+            on = netlink::LOOPBACK,
+            added = ?outcome.added,
+            already_there = ?outcome.present,
+            "listener addresses in place"
+        );
     }
-    let metrics = match config.metrics {
-        Some(addr) => Some(
-            std::net::TcpListener::bind(addr)
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
-        ),
-        None => None,
-    };
+    let metrics = config.metrics.map(|addr| {
+        std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))
+    });
+    let metrics = metrics.transpose()?;
     let (node, cluster) = tokio::try_join!(
         listen::bind_listener(config.node_listen, config.bind_timeout, ours),
         listen::bind_listener(config.cluster_listen, config.bind_timeout, ours),
@@ -70,13 +75,12 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
     // iptables, nft and ipvsadm talk netlink/netfilter (CAP_NET_ADMIN); iptables-legacy also opens
     // a raw socket (CAP_NET_RAW). On standby the listener addresses go on and off lo at each
     // takeover and hand-back (CAP_NET_ADMIN).
-    let mut keep: Vec<Capability> = if reads_rules {
-        vec![Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW]
-    } else {
-        Vec::new()
-    };
-    if config.standby && config.link_setup && !keep.contains(&Capability::CAP_NET_ADMIN) {
+    let mut keep = Vec::new();
+    if reads_rules || (config.standby && config.link_setup) {
         keep.push(Capability::CAP_NET_ADMIN);
+    }
+    if reads_rules {
+        keep.push(Capability::CAP_NET_RAW);
     }
     match privilege::keep_only(&keep) {
         Ok(()) => {
@@ -84,17 +88,4 @@ fn drop_privileges(config: &Config, owned: crate::discover::follow::Owned) {
         }
         Err(e) => tracing::warn!("{e}; running with the capabilities it was started with"),
     }
-}
-
-/// Puts the listener addresses on `lo`, where LocalDNS never deletes them; its own link
-/// `localdns` is left as it is (see `netlink`).
-fn set_up_link(config: &Config) -> Result<(), String> {
-    let outcome = netlink::claim_on_loopback(&crate::standby::lo_addresses(config))?;
-    tracing::info!(
-        on = netlink::LOOPBACK,
-        added = ?outcome.added,
-        already_there = ?outcome.present,
-        "listener addresses in place"
-    );
-    Ok(())
 }

@@ -3,14 +3,14 @@
 //! thread of its own; [`Running::stop`] hands new flows to LocalDNS, closes the listeners and
 //! lets work in flight finish for a moment.
 
-use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::listener::{DRAIN, Shared, start_listener};
+use super::listener::{Shared, Started, start_listener};
 use super::prepare::Prepared;
 use super::reporting::reporting;
 use crate::cache::{Cache, KeyHasher};
@@ -19,6 +19,7 @@ use crate::discover::follow;
 use crate::flows::Cause;
 use crate::listen::Held;
 use crate::netlink::{self, Diag};
+use crate::relay::DRAIN;
 use crate::roles::{ListenerRole, UpstreamGroup};
 use crate::standby::{self, Strays};
 use crate::stats::Counters;
@@ -32,22 +33,8 @@ use crate::upstream::{UpstreamSet, UpstreamSets};
 /// bound sockets' buffers; a slower look finishes in the background while we serve.
 const FIRST_LOOK: Duration = Duration::from_secs(3);
 
-/// Serves until `shutdown`: the flows taken from the start for `taken`, or left with LocalDNS
-/// while it answers (`--standby`); moved after that as `standby::run` decides.
-pub async fn serve(
-    config: Config,
-    prepared: Prepared,
-    taken: Option<Cause>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), String> {
-    let running = Running::start(config, prepared, taken).await?;
-    shutdown.await;
-    running.stop().await;
-    Ok(())
-}
-
 /// A serving daemon: what its stop needs to reach.
-struct Running {
+pub(super) struct Running {
     config: Arc<Config>,
     notifier: Arc<Notifier>,
     /// Who holds the flows, for `/metrics`: the standby moves them, the stop hands them back.
@@ -69,24 +56,20 @@ struct Running {
 impl Running {
     /// Starts discovery (waiting up to `FIRST_LOOK` for its first look), both listeners' relay
     /// threads and TCP tasks, then the status line, metrics and the watchdog, tells systemd we
-    /// are ready, and starts the standby's loop.
-    async fn start(
+    /// are ready, and starts the standby's loop: the flows taken from the start for `taken`, or
+    /// left with LocalDNS while it answers (`--standby`); moved after that as `standby::run`
+    /// decides.
+    pub(super) async fn start(
         config: Config,
         prepared: Prepared,
         taken: Option<Cause>,
     ) -> Result<Running, String> {
         let (prober, own_probes) = standby::prober(&config)?;
         let config = Arc::new(config);
-        let counters = Counters::new(std::time::SystemTime::now(), config.standby);
+        let counters = Counters::new(SystemTime::now(), config.standby);
         let strays =
             Strays::new(counters.clone()).map_err(|e| format!("cannot make an eventfd: {e}"))?;
-        let Prepared {
-            node,
-            cluster,
-            metrics: metrics_listener,
-            owned,
-        } = prepared;
-        let metrics_listener = match metrics_listener.map(tokio::net::TcpListener::from_std) {
+        let metrics_listener = match prepared.metrics.map(tokio::net::TcpListener::from_std) {
             Some(Ok(l)) => Some(l),
             Some(Err(e)) => return Err(format!("cannot register the metrics socket: {e}")),
             None => None,
@@ -106,7 +89,7 @@ impl Running {
                 stop.clone(),
                 follow::follow(
                     config.discovery.clone(),
-                    owned,
+                    prepared.owned,
                     listeners,
                     publish,
                     counters.clone(),
@@ -119,19 +102,17 @@ impl Running {
                 );
             }
         }
-        let sets = sets_rx.borrow().clone();
         let heartbeats = Heartbeats::new(2 * config.udp_threads);
         // One cache for both listeners: the key holds the upstream group, so kube-dns and VNet
         // DNS answers never mix, while a cluster name asked on either listener shares one entry.
         let cache = Cache::new(config.cache, KeyHasher::new(rand::random()))
             .map(|c| Arc::new(Mutex::new(c)));
-        let upstream_tcp = Arc::new(UpstreamSide::new(
+        let upstream_tcp = UpstreamSide::new(
             tokio::runtime::Handle::current(),
             config.engine.upstream_timeout,
-        ));
+        );
         let shared = Shared {
             config: &config,
-            sets: &sets,
             counters: &counters,
             sets_rx: &sets_rx,
             cache: &cache,
@@ -142,26 +123,21 @@ impl Running {
             strays: &strays,
             tcp_cap: tcp::connection_cap(config.max_tcp_connections, other_descriptors(&config)),
         };
-        let mut relay_threads = Vec::new();
-        let mut held = Vec::new();
-        let mut tcp_sides = Vec::new();
-        for (index, (role, bound)) in [(ListenerRole::Node, node), (ListenerRole::Cluster, cluster)]
-            .into_iter()
-            .enumerate()
-        {
-            let started = start_listener(&shared, index, role, bound)?;
-            held.push(started.held);
-            relay_threads.extend(started.relay_threads);
-            tasks.push(started.tcp);
-            tcp_sides.push(started.tcp_side);
+        let mut started = Started::default();
+        for (role, bound) in [
+            (ListenerRole::Node, prepared.node),
+            (ListenerRole::Cluster, prepared.cluster),
+        ] {
+            start_listener(&shared, role, bound, &mut started)?;
         }
+        tasks.append(&mut started.tcp);
         tracing::info!("ready");
         notifier.notify("READY=1");
         tasks.extend(reporting(&shared, &notifier, metrics_listener));
         if taken.is_none() {
             tracing::info!("LocalDNS answers on both listeners; standing by");
         }
-        let held = Arc::new(Mutex::new(held));
+        let held = Arc::new(Mutex::new(started.held));
         let standby_stop = Stop::new().map_err(|e| format!("cannot make an eventfd: {e}"))?;
         let shell = standby::Shell {
             held: held.clone(),
@@ -181,8 +157,8 @@ impl Running {
             held,
             stop,
             tasks,
-            relay_threads,
-            tcp_sides,
+            relay_threads: started.relay_threads,
+            tcp_sides: started.tcp_sides,
             standby: (standby_stop, standing),
         })
     }
@@ -190,46 +166,36 @@ impl Running {
     /// Hands new flows to LocalDNS where it has joined our ports, stops the listeners, lets
     /// what is in flight finish for up to `DRAIN`, then takes the listener addresses off `lo`
     /// (and detaches the steering first if LocalDNS has not joined).
-    async fn stop(self) {
-        let Running {
-            config,
-            notifier,
-            counters,
-            held,
-            stop,
-            tasks,
-            relay_threads,
-            tcp_sides,
-            standby: (standby_stop, standing),
-        } = self;
-        notifier.notify("STOPPING=1");
+    pub(super) async fn stop(self) {
+        self.notifier.notify("STOPPING=1");
+        let (standby_stop, standing) = self.standby;
         standby_stop.stop();
         let _ = tokio::task::spawn_blocking(move || standing.join()).await;
         // New flows to LocalDNS first (when it has joined our ports): the relay threads then
         // answer what already reached us before they close.
-        let mut held = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()));
         // The drain needs every listener handed over.
         Held::read_places(Diag::open().ok().as_mut(), &mut held);
         let handed = Held::hand_over_all(&mut held);
         if handed {
-            counters.takeovers.handed_back(std::time::SystemTime::now());
+            self.counters.takeovers.handed_back(SystemTime::now());
             tracing::info!("stopping: new flows go to LocalDNS; answering what we have");
         } else {
             tracing::info!("stopping: closing listeners");
         }
         // The relay threads read who holds the flows at the stop: handed over, they drain.
-        stop.stop();
-        for task in tasks {
+        self.stop.stop();
+        for task in self.tasks {
             let _ = task.await;
         }
         tracing::info!("listeners closed; draining queries in flight");
         let clients = async {
-            for side in &tcp_sides {
+            for side in &self.tcp_sides {
                 side.closed().await;
             }
         };
         let drained = tokio::time::timeout(DRAIN, clients).await.is_ok();
-        for thread in relay_threads {
+        for thread in self.relay_threads {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
         // Handed over, the program stays on the groups: it never picks our index, so after our
@@ -242,10 +208,10 @@ impl Running {
             }
         }
         // Then the addresses on lo.
-        if config.link_setup {
+        if self.config.link_setup {
             // Without CAP_NET_ADMIN (dropped when nothing needs it) this fails; the unit's
             // ExecStopPost removes them then, as it does after a kill.
-            if let Err(e) = netlink::release_from_loopback(&standby::lo_addresses(&config)) {
+            if let Err(e) = netlink::release_from_loopback(&standby::lo_addresses(&self.config)) {
                 tracing::info!("listener addresses left on lo for the unit to remove: {e}");
             }
         }
@@ -265,28 +231,16 @@ fn other_descriptors(config: &Config) -> usize {
 /// The upstreams given by flags, before discovery has looked; a group given by flags is
 /// recorded with the source `flag`.
 fn flag_upstreams(config: &Config, counters: &Arc<Counters>) -> Arc<UpstreamSets> {
-    let sets = Arc::new(UpstreamSets {
-        vnet_dns: Arc::new(UpstreamSet::counted(
-            config.node_upstreams.clone(),
-            UpstreamGroup::VnetDns,
-            counters,
-            Instant::now(),
-        )),
-        kube_dns: Arc::new(UpstreamSet::counted(
-            config.cluster_upstreams.clone(),
-            UpstreamGroup::KubeDns,
-            counters,
-            Instant::now(),
-        )),
-        hosts: Default::default(),
-    });
-    for (group, given) in [
-        (UpstreamGroup::VnetDns, &config.node_upstreams),
-        (UpstreamGroup::KubeDns, &config.cluster_upstreams),
-    ] {
+    let set = |group, given: &Vec<SocketAddr>| {
         if !given.is_empty() {
             counters.upstreams_changed(group, "flag");
         }
-    }
-    sets
+        let set = UpstreamSet::counted(given.clone(), group, counters, Instant::now());
+        Arc::new(set)
+    };
+    Arc::new(UpstreamSets {
+        vnet_dns: set(UpstreamGroup::VnetDns, &config.node_upstreams),
+        kube_dns: set(UpstreamGroup::KubeDns, &config.cluster_upstreams),
+        hosts: Default::default(),
+    })
 }
