@@ -2,7 +2,6 @@
 //! engine of its own, and the task that accepts its TCP connections and hands their queries to
 //! those threads.
 
-use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -61,7 +60,17 @@ pub(super) fn start_listener(
     let config = shared.config;
     let threads = config.udp_threads;
     let sets = shared.sets_rx.borrow().clone();
-    log_listener(role, bound.addr, &sets, config, &bound.udp);
+    let (recv_buffer, send_buffer) = listen::buffers(&bound.udp);
+    tracing::info!(
+        listener = role.name(),
+        addr = %bound.addr,
+        routes = %config.routes_shown(role).join(" "),
+        vnet_dns = ?sets.vnet_dns.addrs(),
+        kube_dns = ?sets.kube_dns.addrs(),
+        recv_buffer,
+        send_buffer,
+        "serving UDP and TCP"
+    );
     // Each thread has its own engine, upstream sockets, pending queries and timers; they share
     // the listener socket itself, and epoll wakes one of them per datagram.
     let mut mailboxes = Vec::new();
@@ -116,24 +125,4 @@ pub(super) fn start_listener(
     started.tcp.push(tcp);
     started.tcp_sides.push(side);
     Ok(())
-}
-
-fn log_listener(
-    role: ListenerRole,
-    addr: SocketAddr,
-    sets: &UpstreamSets,
-    config: &Config,
-    udp: &UdpSocket,
-) {
-    let (recv_buffer, send_buffer) = listen::buffers(udp);
-    tracing::info!(
-        listener = role.name(),
-        %addr,
-        routes = %config.routes_shown(role).join(" "),
-        vnet_dns = ?sets.vnet_dns.addrs(),
-        kube_dns = ?sets.kube_dns.addrs(),
-        recv_buffer,
-        send_buffer,
-        "serving UDP and TCP"
-    );
 }
