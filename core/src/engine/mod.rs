@@ -262,7 +262,7 @@ impl Engine {
             .key_hasher
             .as_ref()
             .and_then(|h| Key::new(h, group, packet, &q));
-        let mut stale_known = false;
+        let (mut stale_known, mut waiting, mut failed_just_now) = (false, None, false);
         if let Some(key) = &key {
             let hit = self.cached(key, now);
             if hit == Some(Hit::Fresh) {
@@ -272,7 +272,7 @@ impl Engine {
             }
             self.stats.cache_misses.fetch_add(1, RELAXED);
             stale_known = hit == Some(Hit::Stale);
-            let waiting = self.waiting[transport as usize].get(key).copied();
+            waiting = self.waiting[transport as usize].get(key).copied();
             // The failure-recheck timer: this name failed lately; answer stale at once, and keep
             // (at most) one refresh going.
             let failed_lately = self
@@ -286,51 +286,42 @@ impl Engine {
                 }
                 return Outcome::Answered;
             }
-            // Every upstream of the group is down, or no upstream answered this name a moment
-            // ago (RFC 9520's resolution-failure cache): answered at once rather than after a
-            // whole query budget.
-            let failed_just_now = !stale_known
+            failed_just_now = !stale_known
                 && !self.unanswered.is_empty()
                 && self
                     .unanswered
                     .get(key)
                     .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
-            if failed_just_now || self.down(group, now) {
-                self.answer_at_once(client, packet, &q, stale_known);
-                // While the group is down, a query goes on in the background whenever a probe
-                // is due, so the moment an upstream answers, forwarding resumes (and the cache
-                // is refreshed).
-                if waiting.is_none()
-                    && self.down(group, now)
-                    && self.upstreams.get(group).probe_due(now)
-                {
-                    self.refresh_in_background(now, packet, q, Some(key.clone()), group, transport);
-                }
-                return Outcome::Answered;
-            }
-            if let Some(slot) = waiting {
-                let p = self.pending_mut(slot);
-                if p.stale_served && stale_known {
-                    self.serve_stale_to(client, packet, &q);
-                    return Outcome::Answered;
-                }
-                if p.followers.len() < MAX_FOLLOWERS {
-                    p.followers.push(Asker {
-                        client,
-                        query: packet.into(),
-                        q,
-                    });
-                    return Outcome::Waiting;
-                }
-            }
         }
-        // Without a cache key (the cache off) a down group answers at once too; see above.
-        if key.is_none() && self.down(group, now) {
-            self.answer_at_once(client, packet, &q, false);
-            if self.upstreams.get(group).probe_due(now) {
-                self.refresh_in_background(now, packet, q, None, group, transport);
+        // Every upstream of the group is down, or no upstream answered this name a moment ago
+        // (RFC 9520's resolution-failure cache): answered at once rather than after a whole query
+        // budget.
+        if failed_just_now || self.down(group, now) {
+            self.answer_at_once(client, packet, &q, stale_known);
+            // While the group is down, a query goes on in the background whenever a probe is due,
+            // so the moment an upstream answers, forwarding resumes (and the cache is refreshed).
+            if waiting.is_none()
+                && self.down(group, now)
+                && self.upstreams.get(group).probe_due(now)
+            {
+                self.refresh_in_background(now, packet, q, key, group, transport);
             }
             return Outcome::Answered;
+        }
+        if let Some(slot) = waiting {
+            let p = self.pending_mut(slot);
+            if p.stale_served && stale_known {
+                self.serve_stale_to(client, packet, &q);
+                return Outcome::Answered;
+            }
+            if p.followers.len() < MAX_FOLLOWERS {
+                p.followers.push(Asker {
+                    client,
+                    query: packet.into(),
+                    q,
+                });
+                return Outcome::Waiting;
+            }
         }
         let upstreams = self.upstreams.get(group);
         // Shed load with an explicit REFUSED: the client learns at once and memory stays flat.
