@@ -54,10 +54,7 @@ impl Engine {
         for (client, query, q) in p.askers() {
             match &p.error_reply {
                 Some(reply) => deliver(&mut self.outbox, reply, client, query, q),
-                None => {
-                    wire::local_reply(query, q, rcode::SERVFAIL, &mut self.scratch);
-                    self.outbox.push(Dest::Client(client), &self.scratch);
-                }
+                None => self.reply_local(client, query, q, rcode::SERVFAIL),
             }
         }
     }

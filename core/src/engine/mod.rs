@@ -297,7 +297,11 @@ impl Engine {
         // (RFC 9520's resolution-failure cache): answered at once rather than after a whole query
         // budget.
         if failed_just_now || self.down(group, now) {
-            self.answer_at_once(client, packet, &q, stale_known);
+            if stale_known {
+                self.serve_stale_to(client, packet, &q);
+            } else {
+                self.reply_local(client, packet, &q, rcode::SERVFAIL);
+            }
             // While the group is down, a query goes on in the background whenever a probe is due,
             // so the moment an upstream answers, forwarding resumes (and the cache is refreshed).
             if waiting.is_none()
@@ -323,18 +327,16 @@ impl Engine {
                 return Outcome::Waiting;
             }
         }
-        let upstreams = self.upstreams.get(group);
         // Shed load with an explicit REFUSED: the client learns at once and memory stays flat.
         let shed = !self.room_for(group);
-        if shed || upstreams.is_empty() {
+        if shed || self.upstreams.get(group).is_empty() {
             let code = if shed {
                 self.stats.shed.fetch_add(1, RELAXED);
                 rcode::REFUSED
             } else {
                 rcode::SERVFAIL
             };
-            wire::local_reply(packet, &q, code, &mut self.scratch);
-            self.outbox.push(Dest::Client(client), &self.scratch);
+            self.reply_local(client, packet, &q, code);
             return Outcome::Answered;
         }
         let start = Start {
@@ -350,15 +352,11 @@ impl Engine {
         Outcome::Waiting
     }
 
-    /// The answer for a group that is down or a name that just failed: stale if `stale`, else
-    /// SERVFAIL.
-    fn answer_at_once(&mut self, client: Client, packet: &[u8], q: &wire::Query, stale: bool) {
-        if stale {
-            self.serve_stale_to(client, packet, q);
-        } else {
-            wire::local_reply(packet, q, rcode::SERVFAIL, &mut self.scratch);
-            self.outbox.push(Dest::Client(client), &self.scratch);
-        }
+    /// A reply of our own to one client: its question, no records, this RCODE.
+    fn reply_local(&mut self, client: Client, packet: &[u8], q: &wire::Query, code: u8) {
+        self.outbox.push_with(Dest::Client(client), |out| {
+            wire::local_reply(packet, q, code, out);
+        });
     }
 
     /// A query with no client, only to refresh the cache or probe an upstream. It is in flight
