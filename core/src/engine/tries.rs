@@ -268,13 +268,9 @@ impl Engine {
             let choice = if let Some(addr) = refetch {
                 Some(Choice { addr, probe: false })
             } else if p.ntries < MAX_TRIES && now < p.deadline {
-                let (tried, excluded) = p.tried_and_excluded();
-                self.upstreams.get(group).choose(
-                    p.start,
-                    tried.as_slice(),
-                    excluded.as_slice(),
-                    now,
-                )
+                let (addrs, tried, errored) = p.tried();
+                let set = self.upstreams.get(group);
+                set.choose(p.start, &addrs[..tried], &addrs[..errored], now)
             } else {
                 None
             };
