@@ -10,7 +10,7 @@ use super::{
     Client, Dest, Engine, Event, FAILURE_MEMORY, Map, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE,
 };
 use crate::answer;
-use crate::cache::{Cache, Hit, Key};
+use crate::cache::{Cache, Key};
 use crate::wire::{self, rcode};
 
 impl Engine {
@@ -67,12 +67,6 @@ impl Engine {
         for (client, query, q) in p.askers() {
             deliver(&mut self.outbox, &self.answer, client, query, q);
         }
-    }
-
-    /// Copies the cached answer, fresh or stale, into `self.answer`.
-    pub(super) fn cached(&mut self, key: &Key, now: Instant) -> Option<Hit> {
-        let cache = self.cache.as_ref()?;
-        lock(cache).get(key, now, &mut self.answer)
     }
 
     /// Copies a servable cached answer (expired or not), every TTL the stale one, into

@@ -227,13 +227,6 @@ impl Engine {
         self.inflight() < max && self.by_group[group as usize] < max - max / 4
     }
 
-    /// Is every upstream of `group` silent (see [`crate::upstream::UpstreamSet::down`])?
-    fn down(&self, group: UpstreamGroup, now: Instant) -> bool {
-        self.upstreams
-            .get(group)
-            .down(now, self.settings.query_timeout)
-    }
-
     /// When [`Engine::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let tries = self.timers.peek().map(|Reverse(t)| t.at);
@@ -264,7 +257,10 @@ impl Engine {
             .and_then(|h| Key::new(h, group, packet, &q));
         let (mut stale_known, mut waiting, mut failed_just_now) = (false, None, false);
         if let Some(key) = &key {
-            let hit = self.cached(key, now);
+            let hit = self
+                .cache
+                .as_ref()
+                .and_then(|c| lock(c).get(key, now, &mut self.answer));
             if hit == Some(Hit::Fresh) {
                 self.stats.cache_hits.fetch_add(1, RELAXED);
                 deliver(&mut self.outbox, &self.answer, client, packet, &q);
@@ -296,7 +292,11 @@ impl Engine {
         // Every upstream of the group is down, or no upstream answered this name a moment ago
         // (RFC 9520's resolution-failure cache): answered at once rather than after a whole query
         // budget.
-        if failed_just_now || self.down(group, now) {
+        let down = self
+            .upstreams
+            .get(group)
+            .down(now, self.settings.query_timeout);
+        if failed_just_now || down {
             if stale_known {
                 self.serve_stale_to(client, packet, &q);
             } else {
@@ -304,10 +304,7 @@ impl Engine {
             }
             // While the group is down, a query goes on in the background whenever a probe is due,
             // so the moment an upstream answers, forwarding resumes (and the cache is refreshed).
-            if waiting.is_none()
-                && self.down(group, now)
-                && self.upstreams.get(group).probe_due(now)
-            {
+            if waiting.is_none() && down && self.upstreams.get(group).probe_due(now) {
                 self.refresh_in_background(now, packet, q, key, group, transport);
             }
             return Outcome::Answered;
@@ -456,18 +453,17 @@ impl Engine {
         let Some((slot, try_no)) = self.find_try(&leg) else {
             return;
         };
-        let p = self.pending(slot);
+        let p = self.slots[slot as usize]
+            .pending
+            .as_ref()
+            .expect("a live slot");
         if !wire::reply_matches(packet, leg.id, p.q.question(&p.query)) {
             return;
         }
         // The name is answered (an error too is the upstream's answer): not one to fail at once.
-        let key = self.slots[slot as usize].pending.as_ref();
-        if let Some(key) = key.and_then(|p| p.key.as_ref()) {
-            if !self.unanswered.is_empty() {
-                self.unanswered.remove(key);
-            }
+        if let Some(key) = p.key.as_ref().filter(|_| !self.unanswered.is_empty()) {
+            self.unanswered.remove(key);
         }
-        let p = self.pending(slot);
         let code = wire::rcode(packet);
         let has_question = u16::from_be_bytes([packet[4], packet[5]]) == 1;
         // A reply without a question is acceptable only as an error (FORMERR, BADVERS from a

@@ -29,8 +29,7 @@ impl Engine {
             self.give_up(slot, now);
             return;
         }
-        let (group, latest) = (p.group, try_no + 1 == p.ntries);
-        let name = self.pending(slot).name_hash();
+        let (group, latest, name) = (p.group, try_no + 1 == p.ntries, p.name_hash());
         self.end_try(slot, try_no, true);
         self.note_timeout(group, t.leg.to, t.counted, name, t.sent, now);
         // An earlier try that runs out while a later one is out just ends; the later one's own
