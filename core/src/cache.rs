@@ -89,7 +89,7 @@ impl Key {
         let (rd, ad) = (query[2] & 0x01 != 0, query[3] & 0x20 != 0);
         let flags = u8::from(q.edns)
             | (u8::from(q.dnssec_ok) << 1)
-            | (u8::from(wire::checking_disabled(query)) << 2)
+            | (u8::from(query[3] & 0x10 != 0) << 2)
             | (u8::from(rd) << 3)
             | (u8::from(ad && !q.dnssec_ok) << 4);
         let hash = hasher.0.hash_one((group, &name, q.qtype, q.qclass, flags));

@@ -345,11 +345,6 @@ fn questions_end(p: &[u8]) -> Option<usize> {
     (at <= p.len()).then_some(at)
 }
 
-/// The CD (checking disabled) bit of a query.
-pub fn checking_disabled(p: &[u8]) -> bool {
-    p[3] & CD != 0
-}
-
 /// End of an uncompressed name starting at `at`. Question names never need compression (nothing
 /// precedes them to point at), so a pointer there marks the packet as malformed.
 pub fn question_name_end(p: &[u8], mut at: usize) -> Option<usize> {
