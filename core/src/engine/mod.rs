@@ -251,12 +251,20 @@ impl Engine {
             Decision::Forward(q, group) => (q, group),
         };
         let transport = client.transport();
-        let key = self
-            .key_hasher
-            .as_ref()
-            .and_then(|h| Key::new(h, group, packet, &q));
-        let (mut stale_known, mut waiting, mut failed_just_now) = (false, None, false);
-        if let Some(key) = &key {
+        let mut s = Start {
+            client: Some(client),
+            packet,
+            q,
+            key: self
+                .key_hasher
+                .as_ref()
+                .and_then(|h| Key::new(h, group, packet, &q)),
+            group,
+            transport,
+            stale_known: false,
+        };
+        let (mut waiting, mut failed_just_now) = (None, false);
+        if let Some(key) = &s.key {
             let hit = self
                 .cache
                 .as_ref()
@@ -267,7 +275,7 @@ impl Engine {
                 return Outcome::Answered;
             }
             self.stats.cache_misses.fetch_add(1, RELAXED);
-            stale_known = hit == Some(Hit::Stale);
+            s.stale_known = hit == Some(Hit::Stale);
             waiting = self.waiting[transport as usize].get(key).copied();
             // The failure-recheck timer: this name failed lately; answer stale at once, and keep
             // (at most) one refresh going.
@@ -275,14 +283,15 @@ impl Engine {
                 .recheck
                 .get(key)
                 .is_some_and(|t| now.saturating_duration_since(*t) < self.settings.stale_recheck);
-            if stale_known && failed_lately {
+            if s.stale_known && failed_lately {
                 self.serve_stale_to(client, packet, &q);
                 if waiting.is_none() {
-                    self.refresh_in_background(now, packet, q, Some(key.clone()), group, transport);
+                    let key = Some(key.clone());
+                    self.refresh_in_background(now, Start { key, ..s });
                 }
                 return Outcome::Answered;
             }
-            failed_just_now = !stale_known
+            failed_just_now = !s.stale_known
                 && !self.unanswered.is_empty()
                 && self
                     .unanswered
@@ -297,7 +306,7 @@ impl Engine {
             .get(group)
             .down(now, self.settings.query_timeout);
         if failed_just_now || down {
-            if stale_known {
+            if s.stale_known {
                 self.serve_stale_to(client, packet, &q);
             } else {
                 self.reply_local(client, packet, &q, rcode::SERVFAIL);
@@ -305,13 +314,13 @@ impl Engine {
             // While the group is down, a query goes on in the background whenever a probe is due,
             // so the moment an upstream answers, forwarding resumes (and the cache is refreshed).
             if waiting.is_none() && down && self.upstreams.get(group).probe_due(now) {
-                self.refresh_in_background(now, packet, q, key, group, transport);
+                self.refresh_in_background(now, s);
             }
             return Outcome::Answered;
         }
         if let Some(slot) = waiting {
             let p = self.pending_mut(slot);
-            if p.stale_served && stale_known {
+            if p.stale_served && s.stale_known {
                 self.serve_stale_to(client, packet, &q);
                 return Outcome::Answered;
             }
@@ -336,16 +345,7 @@ impl Engine {
             self.reply_local(client, packet, &q, code);
             return Outcome::Answered;
         }
-        let start = Start {
-            client: Some(client),
-            packet,
-            q,
-            key,
-            group,
-            transport,
-            stale_known,
-        };
-        self.start(now, start);
+        self.start(now, s);
         Outcome::Waiting
     }
 
@@ -356,28 +356,12 @@ impl Engine {
         });
     }
 
-    /// A query with no client, only to refresh the cache or probe an upstream. It is in flight
-    /// like any other, so never over the cap.
-    fn refresh_in_background(
-        &mut self,
-        now: Instant,
-        packet: &[u8],
-        q: wire::Query,
-        key: Option<Key>,
-        group: UpstreamGroup,
-        transport: Transport,
-    ) {
-        if self.room_for(group) {
-            let start = Start {
-                client: None,
-                packet,
-                q,
-                key,
-                group,
-                transport,
-                stale_known: false,
-            };
-            self.start(now, start);
+    /// `s` with no client, only to refresh the cache or probe an upstream. It is in flight like
+    /// any other, so never over the cap.
+    fn refresh_in_background(&mut self, now: Instant, mut s: Start) {
+        if self.room_for(s.group) {
+            (s.client, s.stale_known) = (None, false);
+            self.start(now, s);
         }
     }
 
