@@ -41,12 +41,7 @@ impl Engine {
             if p.error_reply.is_none() {
                 remember(&mut self.unanswered, key, now, FAILURE_MEMORY);
             }
-        }
-        if !p.has_askers() {
-            return;
-        }
-        if let Some(key) = &p.key {
-            if self.stale_answer(key, now) {
+            if p.has_askers() && self.stale_answer(key, now) {
                 self.serve_stale_to_all(&p);
                 return;
             }
