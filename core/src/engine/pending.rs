@@ -108,12 +108,6 @@ impl Pending {
         }
         (addrs, tried, errored)
     }
-
-    pub fn try_index(&self, leg: &Leg) -> Option<usize> {
-        self.tries
-            .iter()
-            .position(|t| t.is_some_and(|t| t.leg == *leg))
-    }
 }
 
 /// A wire-form name hashed (FNV-1a, any case).

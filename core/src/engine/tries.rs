@@ -89,8 +89,11 @@ impl Engine {
     /// The query and try index a leg belongs to, while a reply to it would still be taken.
     pub(super) fn find_try(&self, leg: &Leg) -> Option<(u32, usize)> {
         let &(slot, generation) = self.keys.get(&TryKey::of(leg))?;
-        let p = self.slots[slot as usize].holds(generation)?;
-        Some((slot, p.try_index(leg)?))
+        let tries = &self.slots[slot as usize].holds(generation)?.tries;
+        let try_no = tries
+            .iter()
+            .position(|t| t.is_some_and(|t| t.leg == *leg))?;
+        Some((slot, try_no))
     }
 
     /// A try is over, however it ended. A try that only ran out of time keeps its key: its
