@@ -24,19 +24,16 @@ pub fn for_asker(reply: &[u8], query: &[u8], q: &Query, limit: usize, out: &mut 
     let question_end = wire::HEADER_LEN + question.len();
     out.clear();
     let counts = wire::counts(reply);
-    // The common shape, no additional records (nor an OPT record): nothing to walk, unless the
-    // asker wants our NSID.
-    let layout = if counts[0] == 1 && counts[3] == 0 && reply.len() >= question_end && !q.nsid {
-        Some(wire::Layout {
-            question_end,
-            opt: None,
-            additional_before_opt: 0,
-            records_end: reply.len(),
-        })
-    } else {
-        wire::layout(reply)
-    };
-    match layout {
+    // The common shape, no additional records (nor an OPT record): nothing to walk unless it
+    // must be cut, or the asker wants our NSID.
+    if counts[0] == 1 && counts[3] == 0 && reply.len() >= question_end && !q.nsid {
+        out.extend_from_slice(&reply[..wire::HEADER_LEN]);
+        out.extend_from_slice(question);
+        out.extend_from_slice(&reply[question_end..]);
+        finish(out, query, q, limit, question_end);
+        return;
+    }
+    match wire::layout(reply) {
         Some(layout) if counts[0] != 1 || layout.question_end == question_end => {
             out.extend_from_slice(&reply[..wire::HEADER_LEN]);
             if counts[0] == 1 {
@@ -74,6 +71,15 @@ pub fn for_asker(reply: &[u8], query: &[u8], q: &Query, limit: usize, out: &mut 
             wire::set_asker_flags(out, query, q);
             wire::truncate(out, limit);
         }
+    }
+}
+
+/// The asker's header bits, then the cut to its limit, for an answer without an OPT record.
+fn finish(out: &mut Vec<u8>, query: &[u8], q: &Query, limit: usize, question_end: usize) {
+    wire::set_id(out, q.id);
+    wire::set_asker_flags(out, query, q);
+    if out.len() > limit {
+        wire::cut_records(out, limit, question_end, None, true);
     }
 }
 
