@@ -251,31 +251,30 @@ impl Engine {
             Decision::Forward(q, group) => (q, group),
         };
         let transport = client.transport();
-        let mut s = Start {
+        let key = self
+            .key_hasher
+            .as_ref()
+            .and_then(|h| Key::new(h, group, packet, &q));
+        let hit = key
+            .as_ref()
+            .and_then(|key| lock(self.cache.as_ref()?).get(key, now, &mut self.answer));
+        if hit == Some(Hit::Fresh) {
+            self.stats.cache_hits.fetch_add(1, RELAXED);
+            deliver(&mut self.outbox, &self.answer, client, packet, &q);
+            return Outcome::Answered;
+        }
+        let s = Start {
             client: Some(client),
             packet,
             q,
-            key: self
-                .key_hasher
-                .as_ref()
-                .and_then(|h| Key::new(h, group, packet, &q)),
+            key,
             group,
             transport,
-            stale_known: false,
+            stale_known: hit == Some(Hit::Stale),
         };
         let (mut waiting, mut failed_just_now) = (None, false);
         if let Some(key) = &s.key {
-            let hit = self
-                .cache
-                .as_ref()
-                .and_then(|c| lock(c).get(key, now, &mut self.answer));
-            if hit == Some(Hit::Fresh) {
-                self.stats.cache_hits.fetch_add(1, RELAXED);
-                deliver(&mut self.outbox, &self.answer, client, packet, &q);
-                return Outcome::Answered;
-            }
             self.stats.cache_misses.fetch_add(1, RELAXED);
-            s.stale_known = hit == Some(Hit::Stale);
             waiting = self.waiting[transport as usize].get(key).copied();
             // The failure-recheck timer: this name failed lately; answer stale at once, and keep
             // (at most) one refresh going.
