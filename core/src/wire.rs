@@ -93,6 +93,7 @@ fn opcode(p: &[u8]) -> u8 {
 }
 
 /// QDCOUNT, ANCOUNT, NSCOUNT and ARCOUNT: how many records the message says each section holds.
+#[inline]
 pub fn counts(p: &[u8]) -> [u16; 4] {
     std::array::from_fn(|i| u16::from_be_bytes([p[4 + 2 * i], p[5 + 2 * i]]))
 }
@@ -243,7 +244,9 @@ fn for_each_option(mut rdata: &[u8], mut f: impl FnMut(u16, &[u8]) -> bool) -> O
 
 /// Calls `f(section, start, record)` for each record of message `p`, the first starting at `at`
 /// (where its questions end), and gives the end of the last; `None` if a record is malformed or
-/// cut short, or `f` says so.
+/// cut short, or `f` says so. Inlined: as a call it cost every query's parse (which walks no
+/// record unless the query has EDNS) about 70 instructions.
+#[inline(always)]
 fn walk(
     p: &[u8],
     mut at: usize,
