@@ -58,16 +58,14 @@ pub struct Key {
     /// A seeded 64-bit hash of the rest, made once: a query that misses looks its key up in the
     /// cache and in the table of waiting queries, and both again when the answer comes.
     hash: u64,
-    group: UpstreamGroup,
     /// The question name in lower-case wire form.
     name: Box<[u8]>,
-    qtype: u16,
-    qclass: u16,
-    /// The query bits that change what an upstream puts in the answer: EDNS decides whether an
-    /// OPT record is in it, DO whether DNSSEC records are, CD whether validation failures are
-    /// hidden, RD whether the upstream recursed, and AD (without DO) whether it may say the
-    /// answer was validated. (Bits: 1 = EDNS, 2 = DO, 4 = CD, 8 = RD, 16 = AD without DO.)
-    flags: u8,
+    /// The rest, as an entry keeps it: the upstream group, QTYPE, QCLASS, and the query bits
+    /// that change what an upstream puts in the answer: EDNS decides whether an OPT record is
+    /// in it, DO whether DNSSEC records are, CD whether validation failures are hidden, RD
+    /// whether the upstream recursed, and AD (without DO) whether it may say the answer was
+    /// validated. (Bits: 1 = EDNS, 2 = DO, 4 = CD, 8 = RD, 16 = AD without DO.)
+    head: (UpstreamGroup, u16, u16, u8),
 }
 
 impl Key {
@@ -89,28 +87,17 @@ impl Key {
         let (rd, ad) = (query[2] & 0x01 != 0, query[3] & 0x20 != 0);
         let flags = u8::from(q.edns)
             | (u8::from(q.dnssec_ok) << 1)
-            | (u8::from(wire::checking_disabled(query)) << 2)
+            | (u8::from(query[3] & 0x10 != 0) << 2)
             | (u8::from(rd) << 3)
             | (u8::from(ad && !q.dnssec_ok) << 4);
         let hash = hasher.0.hash_one((group, &name, q.qtype, q.qclass, flags));
-        Some(Key {
-            hash,
-            group,
-            name,
-            qtype: q.qtype,
-            qclass: q.qclass,
-            flags,
-        })
+        let head = (group, q.qtype, q.qclass, flags);
+        Some(Key { hash, name, head })
     }
 
     /// Is this the key of a question for `name` (wire form, any case)?
     pub fn is_for(&self, name: &[u8]) -> bool {
         self.name.eq_ignore_ascii_case(name)
-    }
-
-    /// What an entry keeps of the key besides the name.
-    fn head(&self) -> (UpstreamGroup, u16, u16, u8) {
-        (self.group, self.qtype, self.qclass, self.flags)
     }
 }
 
@@ -165,7 +152,7 @@ impl Entry {
     }
 
     fn is_for(&self, key: &Key) -> bool {
-        self.head == key.head() && self.bytes[..usize::from(self.name_len)] == *key.name
+        self.head == key.head && self.bytes[..usize::from(self.name_len)] == *key.name
     }
 
     fn reply(&self) -> &[u8] {
@@ -298,7 +285,7 @@ impl Cache {
             // A wire name is at most 255 bytes, and the reply's length was checked above.
             name_len: key.name.len() as u16,
             reply_len: reply.len() as u16,
-            head: key.head(),
+            head: key.head,
             stored: now,
             fresh_for,
         };

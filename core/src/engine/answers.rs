@@ -10,7 +10,7 @@ use super::{
     Client, Dest, Engine, Event, FAILURE_MEMORY, Map, RECHECK_CAP, RELAXED, TCP_MAX_MESSAGE,
 };
 use crate::answer;
-use crate::cache::{Cache, Hit, Key};
+use crate::cache::{Cache, Key};
 use crate::wire::{self, rcode};
 
 impl Engine {
@@ -41,12 +41,7 @@ impl Engine {
             if p.error_reply.is_none() {
                 remember(&mut self.unanswered, key, now, FAILURE_MEMORY);
             }
-        }
-        if !p.has_askers() {
-            return;
-        }
-        if let Some(key) = &p.key {
-            if self.stale_answer(key, now) {
+            if p.has_askers() && self.stale_answer(key, now) {
                 self.serve_stale_to_all(&p);
                 return;
             }
@@ -54,10 +49,7 @@ impl Engine {
         for (client, query, q) in p.askers() {
             match &p.error_reply {
                 Some(reply) => deliver(&mut self.outbox, reply, client, query, q),
-                None => {
-                    wire::local_reply(query, q, rcode::SERVFAIL, &mut self.scratch);
-                    self.outbox.push(Dest::Client(client), &self.scratch);
-                }
+                None => self.reply_local(client, query, q, rcode::SERVFAIL),
             }
         }
     }
@@ -70,12 +62,6 @@ impl Engine {
         for (client, query, q) in p.askers() {
             deliver(&mut self.outbox, &self.answer, client, query, q);
         }
-    }
-
-    /// Copies the cached answer, fresh or stale, into `self.answer`.
-    pub(super) fn cached(&mut self, key: &Key, now: Instant) -> Option<Hit> {
-        let cache = self.cache.as_ref()?;
-        lock(cache).get(key, now, &mut self.answer)
     }
 
     /// Copies a servable cached answer (expired or not), every TTL the stale one, into

@@ -227,13 +227,6 @@ impl Engine {
         self.inflight() < max && self.by_group[group as usize] < max - max / 4
     }
 
-    /// Is every upstream of `group` silent (see [`crate::upstream::UpstreamSet::down`])?
-    fn down(&self, group: UpstreamGroup, now: Instant) -> bool {
-        self.upstreams
-            .get(group)
-            .down(now, self.settings.query_timeout)
-    }
-
     /// When [`Engine::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let tries = self.timers.peek().map(|Reverse(t)| t.at);
@@ -262,136 +255,112 @@ impl Engine {
             .key_hasher
             .as_ref()
             .and_then(|h| Key::new(h, group, packet, &q));
-        let mut stale_known = false;
-        if let Some(key) = &key {
-            let hit = self.cached(key, now);
-            if hit == Some(Hit::Fresh) {
-                self.stats.cache_hits.fetch_add(1, RELAXED);
-                deliver(&mut self.outbox, &self.answer, client, packet, &q);
-                return Outcome::Answered;
-            }
-            self.stats.cache_misses.fetch_add(1, RELAXED);
-            stale_known = hit == Some(Hit::Stale);
-            let waiting = self.waiting[transport as usize].get(key).copied();
-            // The failure-recheck timer: this name failed lately; answer stale at once, and keep
-            // (at most) one refresh going.
-            let failed_lately = self
-                .recheck
-                .get(key)
-                .is_some_and(|t| now.saturating_duration_since(*t) < self.settings.stale_recheck);
-            if stale_known && failed_lately {
-                self.serve_stale_to(client, packet, &q);
-                if waiting.is_none() {
-                    self.refresh_in_background(now, packet, q, Some(key.clone()), group, transport);
-                }
-                return Outcome::Answered;
-            }
-            // Every upstream of the group is down, or no upstream answered this name a moment
-            // ago (RFC 9520's resolution-failure cache): answered at once rather than after a
-            // whole query budget.
-            let failed_just_now = !stale_known
-                && !self.unanswered.is_empty()
-                && self
-                    .unanswered
-                    .get(key)
-                    .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
-            if failed_just_now || self.down(group, now) {
-                self.answer_at_once(client, packet, &q, stale_known);
-                // While the group is down, a query goes on in the background whenever a probe
-                // is due, so the moment an upstream answers, forwarding resumes (and the cache
-                // is refreshed).
-                if waiting.is_none()
-                    && self.down(group, now)
-                    && self.upstreams.get(group).probe_due(now)
-                {
-                    self.refresh_in_background(now, packet, q, Some(key.clone()), group, transport);
-                }
-                return Outcome::Answered;
-            }
-            if let Some(slot) = waiting {
-                let p = self.pending_mut(slot);
-                if p.stale_served && stale_known {
-                    self.serve_stale_to(client, packet, &q);
-                    return Outcome::Answered;
-                }
-                if p.followers.len() < MAX_FOLLOWERS {
-                    p.followers.push(Asker {
-                        client,
-                        query: packet.into(),
-                        q,
-                    });
-                    return Outcome::Waiting;
-                }
-            }
-        }
-        // Without a cache key (the cache off) a down group answers at once too; see above.
-        if key.is_none() && self.down(group, now) {
-            self.answer_at_once(client, packet, &q, false);
-            if self.upstreams.get(group).probe_due(now) {
-                self.refresh_in_background(now, packet, q, None, group, transport);
-            }
+        let hit = key
+            .as_ref()
+            .and_then(|key| lock(self.cache.as_ref()?).get(key, now, &mut self.answer));
+        if hit == Some(Hit::Fresh) {
+            self.stats.cache_hits.fetch_add(1, RELAXED);
+            deliver(&mut self.outbox, &self.answer, client, packet, &q);
             return Outcome::Answered;
         }
-        let upstreams = self.upstreams.get(group);
-        // Shed load with an explicit REFUSED: the client learns at once and memory stays flat.
-        let shed = !self.room_for(group);
-        if shed || upstreams.is_empty() {
-            let code = if shed {
-                self.stats.shed.fetch_add(1, RELAXED);
-                rcode::REFUSED
-            } else {
-                rcode::SERVFAIL
-            };
-            wire::local_reply(packet, &q, code, &mut self.scratch);
-            self.outbox.push(Dest::Client(client), &self.scratch);
-            return Outcome::Answered;
-        }
-        let start = Start {
+        let s = Start {
             client: Some(client),
             packet,
             q,
             key,
             group,
             transport,
-            stale_known,
+            stale_known: hit == Some(Hit::Stale),
         };
-        self.start(now, start);
+        let (mut waiting, mut failed_just_now) = (None, false);
+        if let Some(key) = &s.key {
+            self.stats.cache_misses.fetch_add(1, RELAXED);
+            waiting = self.waiting[transport as usize].get(key).copied();
+            // The failure-recheck timer: this name failed lately; answer stale at once, and keep
+            // (at most) one refresh going.
+            let failed_lately = self
+                .recheck
+                .get(key)
+                .is_some_and(|t| now.saturating_duration_since(*t) < self.settings.stale_recheck);
+            if s.stale_known && failed_lately {
+                self.serve_stale_to(client, packet, &q);
+                if waiting.is_none() {
+                    let key = Some(key.clone());
+                    self.refresh_in_background(now, Start { key, ..s });
+                }
+                return Outcome::Answered;
+            }
+            failed_just_now = !s.stale_known
+                && !self.unanswered.is_empty()
+                && self
+                    .unanswered
+                    .get(key)
+                    .is_some_and(|t| now.saturating_duration_since(*t) < FAILURE_MEMORY);
+        }
+        // Every upstream of the group is down, or no upstream answered this name a moment ago
+        // (RFC 9520's resolution-failure cache): answered at once rather than after a whole query
+        // budget.
+        let down = self
+            .upstreams
+            .get(group)
+            .down(now, self.settings.query_timeout);
+        if failed_just_now || down {
+            if s.stale_known {
+                self.serve_stale_to(client, packet, &q);
+            } else {
+                self.reply_local(client, packet, &q, rcode::SERVFAIL);
+            }
+            // While the group is down, a query goes on in the background whenever a probe is due,
+            // so the moment an upstream answers, forwarding resumes (and the cache is refreshed).
+            if waiting.is_none() && down && self.upstreams.get(group).probe_due(now) {
+                self.refresh_in_background(now, s);
+            }
+            return Outcome::Answered;
+        }
+        if let Some(slot) = waiting {
+            let p = self.pending_mut(slot);
+            if p.stale_served && s.stale_known {
+                self.serve_stale_to(client, packet, &q);
+                return Outcome::Answered;
+            }
+            if p.followers.len() < MAX_FOLLOWERS {
+                p.followers.push(Asker {
+                    client,
+                    query: packet.into(),
+                    q,
+                });
+                return Outcome::Waiting;
+            }
+        }
+        // Shed load with an explicit REFUSED: the client learns at once and memory stays flat.
+        let shed = !self.room_for(group);
+        if shed || self.upstreams.get(group).is_empty() {
+            let code = if shed {
+                self.stats.shed.fetch_add(1, RELAXED);
+                rcode::REFUSED
+            } else {
+                rcode::SERVFAIL
+            };
+            self.reply_local(client, packet, &q, code);
+            return Outcome::Answered;
+        }
+        self.start(now, s);
         Outcome::Waiting
     }
 
-    /// The answer for a group that is down or a name that just failed: stale if `stale`, else
-    /// SERVFAIL.
-    fn answer_at_once(&mut self, client: Client, packet: &[u8], q: &wire::Query, stale: bool) {
-        if stale {
-            self.serve_stale_to(client, packet, q);
-        } else {
-            wire::local_reply(packet, q, rcode::SERVFAIL, &mut self.scratch);
-            self.outbox.push(Dest::Client(client), &self.scratch);
-        }
+    /// A reply of our own to one client: its question, no records, this RCODE.
+    fn reply_local(&mut self, client: Client, packet: &[u8], q: &wire::Query, code: u8) {
+        self.outbox.push_with(Dest::Client(client), |out| {
+            wire::local_reply(packet, q, code, out);
+        });
     }
 
-    /// A query with no client, only to refresh the cache or probe an upstream. It is in flight
-    /// like any other, so never over the cap.
-    fn refresh_in_background(
-        &mut self,
-        now: Instant,
-        packet: &[u8],
-        q: wire::Query,
-        key: Option<Key>,
-        group: UpstreamGroup,
-        transport: Transport,
-    ) {
-        if self.room_for(group) {
-            let start = Start {
-                client: None,
-                packet,
-                q,
-                key,
-                group,
-                transport,
-                stale_known: false,
-            };
-            self.start(now, start);
+    /// `s` with no client, only to refresh the cache or probe an upstream. It is in flight like
+    /// any other, so never over the cap.
+    fn refresh_in_background(&mut self, now: Instant, mut s: Start) {
+        if self.room_for(s.group) {
+            (s.client, s.stale_known) = (None, false);
+            self.start(now, s);
         }
     }
 
@@ -467,18 +436,17 @@ impl Engine {
         let Some((slot, try_no)) = self.find_try(&leg) else {
             return;
         };
-        let p = self.pending(slot);
+        let p = self.slots[slot as usize]
+            .pending
+            .as_ref()
+            .expect("a live slot");
         if !wire::reply_matches(packet, leg.id, p.q.question(&p.query)) {
             return;
         }
         // The name is answered (an error too is the upstream's answer): not one to fail at once.
-        let key = self.slots[slot as usize].pending.as_ref();
-        if let Some(key) = key.and_then(|p| p.key.as_ref()) {
-            if !self.unanswered.is_empty() {
-                self.unanswered.remove(key);
-            }
+        if let Some(key) = p.key.as_ref().filter(|_| !self.unanswered.is_empty()) {
+            self.unanswered.remove(key);
         }
-        let p = self.pending(slot);
         let code = wire::rcode(packet);
         let has_question = u16::from_be_bytes([packet[4], packet[5]]) == 1;
         // A reply without a question is acceptable only as an error (FORMERR, BADVERS from a

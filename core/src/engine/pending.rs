@@ -92,23 +92,21 @@ impl Pending {
         self.tries.iter().flatten().filter(|t| t.live).count()
     }
 
-    /// Upstreams already tried, and those that answered with an error (in fixed arrays: this
-    /// runs for every try).
-    pub fn tried_and_excluded(&self) -> (Tried, Tried) {
-        let (mut tried, mut excluded) = (Tried::default(), Tried::default());
-        for t in self.tries[..self.ntries].iter().flatten() {
-            tried.push(t.leg.to);
+    /// Upstreams already tried, those that answered with an error first, and how many of each:
+    /// `addrs[..tried]` were tried, `addrs[..errored]` are not to be asked again (in a fixed
+    /// array: this runs for every try).
+    pub fn tried(&self) -> ([SocketAddr; MAX_TRIES], usize, usize) {
+        let mut addrs = [SocketAddr::from(([0, 0, 0, 0], 0)); MAX_TRIES];
+        let (mut tried, mut errored) = (0, 0);
+        for t in self.tries.iter().flatten() {
+            addrs[tried] = t.leg.to;
             if t.errored {
-                excluded.push(t.leg.to);
+                addrs.swap(errored, tried);
+                errored += 1;
             }
+            tried += 1;
         }
-        (tried, excluded)
-    }
-
-    pub fn try_index(&self, leg: &Leg) -> Option<usize> {
-        self.tries
-            .iter()
-            .position(|t| t.is_some_and(|t| t.leg == *leg))
+        (addrs, tried, errored)
     }
 }
 
@@ -117,35 +115,6 @@ pub fn name_hash(name: &[u8]) -> u64 {
     name.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x100_0000_01b3)
     })
-}
-
-/// Up to `MAX_TRIES` upstreams.
-pub struct Tried {
-    addrs: [SocketAddr; MAX_TRIES],
-    len: usize,
-}
-
-impl Default for Tried {
-    fn default() -> Tried {
-        let none = SocketAddr::from(([0, 0, 0, 0], 0));
-        Tried {
-            addrs: [none; MAX_TRIES],
-            len: 0,
-        }
-    }
-}
-
-impl Tried {
-    fn push(&mut self, addr: SocketAddr) {
-        if self.len < MAX_TRIES {
-            self.addrs[self.len] = addr;
-            self.len += 1;
-        }
-    }
-
-    pub fn as_slice(&self) -> &[SocketAddr] {
-        &self.addrs[..self.len]
-    }
 }
 
 pub struct Slot {

@@ -29,7 +29,7 @@ pub enum Route {
 /// node listener, `kubeDNSOverrides` for the cluster listener): per listener, domains with the
 /// group they go to; the longest suffix of whole labels wins, case-insensitive, and the root
 /// (`.`) always matches.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Routes {
     /// Node listener's, then the cluster listener's: (domain in lower-case wire form, group),
     /// longest domain first, so the first match is the longest.
@@ -40,17 +40,12 @@ impl Routes {
     /// LocalDNS's defaults with this cluster domain: the node listener sends it to kube-dns and
     /// the rest to the VNet DNS; the cluster listener sends everything to kube-dns.
     pub fn defaults(cluster_domain: &[u8]) -> Routes {
-        let mut routes = Routes {
-            by_listener: [Vec::new(), Vec::new()],
-        };
-        routes.set(ListenerRole::Node, b"\0", UpstreamGroup::VnetDns);
-        routes.set(ListenerRole::Node, cluster_domain, UpstreamGroup::KubeDns);
-        routes.set(ListenerRole::Cluster, b"\0", UpstreamGroup::KubeDns);
-        routes.set(
-            ListenerRole::Cluster,
-            cluster_domain,
-            UpstreamGroup::KubeDns,
-        );
+        let mut routes = Routes::default();
+        let roots = [UpstreamGroup::VnetDns, UpstreamGroup::KubeDns];
+        for (listener, root) in ListenerRole::BOTH.into_iter().zip(roots) {
+            routes.set(listener, b"\0", root);
+            routes.set(listener, cluster_domain, UpstreamGroup::KubeDns);
+        }
         routes
     }
 

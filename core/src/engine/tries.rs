@@ -29,8 +29,7 @@ impl Engine {
             self.give_up(slot, now);
             return;
         }
-        let (group, latest) = (p.group, try_no + 1 == p.ntries);
-        let name = self.pending(slot).name_hash();
+        let (group, latest, name) = (p.group, try_no + 1 == p.ntries, p.name_hash());
         self.end_try(slot, try_no, true);
         self.note_timeout(group, t.leg.to, t.counted, name, t.sent, now);
         // An earlier try that runs out while a later one is out just ends; the later one's own
@@ -90,8 +89,11 @@ impl Engine {
     /// The query and try index a leg belongs to, while a reply to it would still be taken.
     pub(super) fn find_try(&self, leg: &Leg) -> Option<(u32, usize)> {
         let &(slot, generation) = self.keys.get(&TryKey::of(leg))?;
-        let p = self.slots[slot as usize].holds(generation)?;
-        Some((slot, p.try_index(leg)?))
+        let tries = &self.slots[slot as usize].holds(generation)?.tries;
+        let try_no = tries
+            .iter()
+            .position(|t| t.is_some_and(|t| t.leg == *leg))?;
+        Some((slot, try_no))
     }
 
     /// A try is over, however it ended. A try that only ran out of time keeps its key: its
@@ -268,13 +270,9 @@ impl Engine {
             let choice = if let Some(addr) = refetch {
                 Some(Choice { addr, probe: false })
             } else if p.ntries < MAX_TRIES && now < p.deadline {
-                let (tried, excluded) = p.tried_and_excluded();
-                self.upstreams.get(group).choose(
-                    p.start,
-                    tried.as_slice(),
-                    excluded.as_slice(),
-                    now,
-                )
+                let (addrs, tried, errored) = p.tried();
+                let set = self.upstreams.get(group);
+                set.choose(p.start, &addrs[..tried], &addrs[..errored], now)
             } else {
                 None
             };

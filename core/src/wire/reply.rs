@@ -28,34 +28,24 @@ pub struct Layout {
 
 /// Walks a reply's sections; `None` if any part is malformed or cut short.
 pub fn layout(p: &[u8]) -> Option<Layout> {
-    if p.len() < HEADER_LEN {
-        return None;
-    }
-    let [qd, an, ns, ar] = counts(p).map(usize::from);
-    let question_end = questions_end(p, qd)?;
-    let mut at = question_end;
-    let mut opt = None;
-    let mut additional_before_opt = 0;
-    for index in 0..an + ns + ar {
-        let rr = resource_record(p, at)?;
-        if index >= an + ns && opt.is_none() {
+    let question_end = questions_end(p)?;
+    let (mut opt, mut additional_before_opt) = (None, 0);
+    let records_end = walk(p, question_end, |section, start, rr| {
+        if section == Section::Additional && opt.is_none() {
             if rr.rtype == TYPE_OPT {
-                opt = Some(OptRecord {
-                    start: at,
-                    rdata: rr.rdata,
-                    end: rr.end,
-                });
+                let (rdata, end) = (rr.rdata, rr.end);
+                opt = Some(OptRecord { start, rdata, end });
             } else {
                 additional_before_opt += 1;
             }
         }
-        at = rr.end;
-    }
+        Some(())
+    })?;
     Some(Layout {
         question_end,
         opt,
         additional_before_opt,
-        records_end: at,
+        records_end,
     })
 }
 
@@ -88,17 +78,9 @@ pub fn push_reply_opt(
     out.push(p[fixed + 7]);
     let len_at = out.len();
     out.extend_from_slice(&[0, 0]);
-    // Options that do not parse end the list: what came before them is kept.
-    let _ = for_each_option(&p[opt.rdata..opt.end], |code, data| {
-        if code != option::COOKIE && code != option::NSID && (code != option::ECS || keep_ecs) {
-            out.extend_from_slice(&code.to_be_bytes());
-            out.extend_from_slice(&(data.len() as u16).to_be_bytes());
-            out.extend_from_slice(data);
-        }
-        true
+    push_options(out, &p[opt.rdata..opt.end], len_at, |code| {
+        code != option::COOKIE && code != option::NSID && (code != option::ECS || keep_ecs)
     });
-    let len = (out.len() - len_at - 2) as u16;
-    out[len_at..len_at + 2].copy_from_slice(&len.to_be_bytes());
     push_nsid(out, nsid, len_at);
 }
 
@@ -122,27 +104,19 @@ pub fn truncate(reply: &mut Vec<u8>, limit: usize) {
     if reply.len() <= limit || reply.len() < HEADER_LEN {
         return;
     }
-    let [qd, an, ns, ar] = counts(reply);
     // A question that does not parse is dropped.
-    let question_end = questions_end(reply, usize::from(qd)).unwrap_or_else(|| {
+    let question_end = questions_end(reply).unwrap_or_else(|| {
         reply[4..6].fill(0);
         HEADER_LEN
     });
-    // Find the trailing OPT record; a walk that fails keeps no record.
-    let total = usize::from(an) + usize::from(ns) + usize::from(ar);
-    let mut at = question_end;
+    // Find the trailing OPT record (the last record, if in the additional section); a walk that
+    // fails keeps no record.
     let mut opt_start = None;
-    for walked in 0..total {
-        let Some(rr) = resource_record(reply, at) else {
-            cut_records(reply, limit, question_end, None, false);
-            return;
-        };
-        if walked + 1 == total && rr.rtype == TYPE_OPT && ar > 0 {
-            opt_start = Some(at);
-        }
-        at = rr.end;
-    }
-    cut_records(reply, limit, question_end, opt_start, true);
+    let walked = walk(reply, question_end, |section, start, rr| {
+        opt_start = (section == Section::Additional && rr.rtype == TYPE_OPT).then_some(start);
+        Some(())
+    });
+    cut_records(reply, limit, question_end, opt_start, walked.is_some());
 }
 
 /// [`truncate`] for a caller that knows where the question ends and whether the last record
@@ -212,16 +186,8 @@ pub fn upstream_query(query: &[u8], q: &Query, id: u16, out: &mut Vec<u8>) {
         Some(fixed) if q.cookie => {
             let rdata = fixed + 10;
             out.extend_from_slice(&query[..rdata]);
-            let _ = for_each_option(&query[rdata..q.opt_end], |code, data| {
-                if code != option::COOKIE {
-                    out.extend_from_slice(&code.to_be_bytes());
-                    out.extend_from_slice(&(data.len() as u16).to_be_bytes());
-                    out.extend_from_slice(data);
-                }
-                true
-            });
-            let len = (out.len() - rdata) as u16;
-            out[rdata - 2..rdata].copy_from_slice(&len.to_be_bytes());
+            let options = &query[rdata..q.opt_end];
+            push_options(out, options, rdata - 2, |code| code != option::COOKIE);
             out.extend_from_slice(&query[q.opt_end..]);
         }
         _ => out.extend_from_slice(query),
