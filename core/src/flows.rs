@@ -174,8 +174,10 @@ pub enum Out {
     /// Read the kernel's view now; report it with [`Flows::looked`]. The TCP listeners' accept
     /// queues only when `tcp` (an idle look reads UDP alone, and takes the TCP members as they
     /// were, with nothing waiting): every look while a queue is busy, else every
-    /// `TCP_EVERY_LOOKS`th.
-    Look { tcp: bool },
+    /// `TCP_EVERY_LOOKS`th. Each group's members dumped afresh when `dump` (while we hold the
+    /// flows our index must follow them, and a stray says the steering is wrong), else each
+    /// member read by its port.
+    Look { tcp: bool, dump: bool },
 }
 
 /// What the threads of the processes holding LocalDNS's suspect sockets are doing.
@@ -224,6 +226,8 @@ pub struct Flows {
     /// When the look under way was due.
     look_due: Instant,
     looks: u32,
+    /// A pod's query reached us since the last look (see [`Flows::stray`]).
+    strayed: bool,
     unread_rests_until: Option<Instant>,
     addresses: Addresses,
     /// LocalDNS's sockets at its last answered round.
@@ -259,6 +263,7 @@ impl Flows {
             last_look: now,
             look_due: now,
             looks: 0,
+            strayed: false,
             unread_rests_until: None,
             addresses: Addresses::Theirs,
             served_from: Vec::new(),
@@ -312,7 +317,8 @@ impl Flows {
             };
             self.looks = self.looks.wrapping_add(1);
             let tcp = busy || self.looks % TCP_EVERY_LOOKS == 1;
-            return Some(Out::Look { tcp });
+            let dump = self.holder == Holder::Fallback || std::mem::take(&mut self.strayed);
+            return Some(Out::Look { tcp, dump });
         }
         None
     }
@@ -512,6 +518,7 @@ impl Flows {
     /// listener in that time); at most one such look every [`STRAY_GAP`], however many come.
     pub fn stray(&mut self, now: Instant) {
         if self.holder == Holder::LocalDns {
+            self.strayed = true;
             self.next_look = self.next_look.min(now.max(self.last_look + STRAY_GAP));
         }
     }

@@ -145,8 +145,6 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
     // LocalDNS's sockets at the last look, and the TCP listeners as last read (see `Out::Look`).
     let mut seen = Looked::new();
     let mut tcp_seen: std::io::Result<(Looked, bool)> = Ok((Looked::new(), false));
-    // A pod's query reached us while we stood aside: the next look dumps (see `Flows::stray`).
-    let mut strayed = false;
     loop {
         let now = Instant::now();
         while let Some(out) = flows.poll(now) {
@@ -189,7 +187,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                     tracing::debug!(?owners, "LocalDNS leaves a queue unread");
                     flows.owners(now, owners);
                 }
-                Out::Look { tcp } => {
+                Out::Look { tcp, dump } => {
                     if changes.is_none() {
                         if let Some(found) = where_addresses(config, &ours) {
                             flows.addresses(now, found);
@@ -201,9 +199,6 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                         flows.looked(now, &[], true);
                         continue;
                     };
-                    // While we hold the flows, every look dumps: it follows the members to keep
-                    // our index right (see `flows::LOOK_EVERY`).
-                    let dump = flows.holder() == Holder::Fallback || std::mem::take(&mut strayed);
                     let lock = shell.held.lock().unwrap_or_else(|p| p.into_inner());
                     if tcp {
                         tcp_seen = Held::look(diag, &lock, Proto::Tcp, dump);
@@ -228,7 +223,6 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         // only once its link carries them again. The kernel announces address changes on
         // `changes` (they queue between reads, so none is missed); without them the addresses
         // are checked at every look.
-        let aside = flows.holder() == Holder::LocalDns;
         let mut wake = flows.deadline();
         if let Some(end) = round {
             wake = wake.min(end);
@@ -259,9 +253,8 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
             return;
         }
         let now = Instant::now();
-        // A query reached us since the last read.
-        if revents(1) && shell.strays.wake.read().is_ok() && aside {
-            strayed = true;
+        // A query reached us since the last read (`flows` heeds it only while it stands aside).
+        if revents(1) && shell.strays.wake.read().is_ok() {
             flows.stray(now);
         }
         // An overrun of the announcements (an error to read) counts as a change too. Every

@@ -1158,3 +1158,34 @@ fn a_pods_query_that_reaches_the_standby_aside_brings_a_look_at_once_but_one_per
     f.stray(t0 + STRAY_GAP);
     assert_eq!(f.deadline(), next);
 }
+
+/// The look a stray brings reads each group whole (the steering points wrong, so what the last
+/// dump found may be stale), and only that look; while the standby holds the flows, every look
+/// does (our index must follow the members).
+#[test]
+fn a_stray_makes_its_one_look_a_dump_and_holding_makes_every_look_one() {
+    let t0 = Instant::now();
+    let q = [Queue {
+        inode: 7,
+        queued: 0,
+    }];
+    let dumps = |f: &mut Flows, t: Instant| {
+        let mut seen = Vec::new();
+        while let Some(o) = f.poll(t) {
+            if let Out::Look { dump, .. } = o {
+                seen.push(dump);
+                f.looked(t, &q, true);
+            }
+        }
+        seen
+    };
+    let mut f = Flows::new(t0, None);
+    assert_eq!(dumps(&mut f, t0), [false]);
+    let t = t0 + STRAY_GAP;
+    f.stray(t);
+    assert_eq!(dumps(&mut f, t), [true]);
+    assert_eq!(dumps(&mut f, t + LOOK_EVERY), [false]);
+    let mut f = Flows::new(t0, Some(Cause::SilentProbe));
+    assert_eq!(dumps(&mut f, t0), [true]);
+    assert_eq!(dumps(&mut f, t0 + LOOK_EVERY), [true]);
+}
