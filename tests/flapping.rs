@@ -126,6 +126,11 @@ fn addresses_gone_for_three_seconds_while_localdns_serves_change_hands_once() {
          {taken_before} by the standby, {lost_before} lost",
         samples.iter().filter(|s| in_event(s.sent)).count()
     );
+    figure(
+        "addresses-gone-every-flow-its-own-again",
+        back_in,
+        HAND_BACK_WITHIN,
+    );
     assert_eq!((taken_before, lost_before), (0, 0), "{logs}");
     assert!(takes <= 1, "{takes} takes in one event:\n{logs}");
     assert!(
@@ -183,6 +188,11 @@ fn a_localdns_starved_for_eight_seconds_changes_hands_at_most_once_each_way() {
         count(&samples, during, Some(By::Standby)),
         count(&samples, during, None),
         count(&samples, |t| t < squeezed, Some(By::Standby)),
+    );
+    figure(
+        "starved-localdns-every-flow-its-own-after-the-lift",
+        back_in,
+        STARVED_BACK_WITHIN,
     );
     assert!(takes <= 1, "{takes} takes in one squeeze:\n{logs}");
     assert!(

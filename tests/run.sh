@@ -43,43 +43,58 @@ if ((${#missing[@]})); then
     [[ -z $made_policy ]] || rm -f /usr/sbin/policy-rc.d
 fi
 
-# Two builds the tests need only at the end run beside them, at the lowest CPU priority (the
-# tests' own builds and timing go first; their waits on containers and timers leave a core idle
-# most of the time): the arm64 release binary that tests/arm64.rs runs under qemu (about 55 s on
-# an idle 2-core machine from scratch), then the instrumented fuzz targets (about 4 minutes from
-# scratch; installing cargo-fuzz, when missing, about 70 s). Seconds each when warm.
-if ! command -v cargo-fuzz >/dev/null 2>&1; then
-    echo "installing cargo-fuzz"
-    cargo install cargo-fuzz --locked
-fi
+# Where the time goes, for the log: seconds since the start at each step.
+step() { echo "run.sh: $* at $SECONDS s"; }
+step "packages installed"
 mkdir -p target
+
+# The systemd containers' root file systems (debootstrap, about a minute each from the Debian
+# mirror; cached in /var/cache, so seconds when warm), built beside the compiles: the tests that
+# boot them would otherwise wait on them in turn. The tests build them too if this failed.
+setsid bash -c 'for s in bookworm trixie; do
+    tests/systemd/build-rootfs.sh "$s" "/var/cache/localdns-fallback-tests/rootfs-$s"; done' \
+    >target/run-rootfs.log 2>&1 &
+rootfs=$!
+# Two builds the tests need only at the end, at the lowest CPU priority beside the compiles and
+# the tests that may share the machine: the arm64 release binary that tests/arm64.rs runs under
+# qemu, then the instrumented fuzz targets.
 side_log=target/run-side-builds.log
-# In a process group of its own, so that an early exit stops the whole build.
-setsid nice -n 19 bash -c 'units/release.sh --arch arm64 && cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --release' \
+setsid nice -n 19 bash -c 'units/release.sh --arch arm64 && fuzz/run-long.sh --build-only' \
     >"$side_log" 2>&1 &
 side=$!
-trap 'kill -- -$side 2>/dev/null || true' EXIT
+# In process groups of their own, so that an early exit stops them whole.
+trap 'kill -- -$side -$rootfs 2>/dev/null || true' EXIT
 
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
 cargo clippy --all-targets --locked -- -D warnings
+step "format and lints checked"
 
-# A process per test: each test's namespaces, servers and forwarder are its own.
+# A process per test: each test's namespaces, servers and forwarder are its own. The tests whose
+# verdict hangs on how fast real processes react (group real-time, .config/nextest.toml) run
+# after the rest and after the side builds, one at a time, with nothing else on the machine.
 status=0
-cargo nextest run --locked --no-fail-fast --test-threads 4 -E 'not binary(arm64)' "$@" || status=$?
+cargo nextest run --locked --no-fail-fast --test-threads 4 \
+    -E 'not binary(arm64) and not group(real-time)' "$@" || status=$?
+step "tests run"
+wait $rootfs || true
 if ! wait $side; then
     echo "the arm64 or fuzz build failed:" >&2
     tail -n 40 "$side_log" >&2
     exit 1
 fi
-cargo nextest run --locked --no-fail-fast -E 'binary(arm64)' "$@" || status=$?
+step "side builds done"
+cargo nextest run --locked --no-fail-fast --test-threads 1 \
+    -E 'binary(arm64) or group(real-time)' "$@" || status=$?
+step "real-time tests run"
 ((status == 0)) || exit "$status"
 
 # ---- fuzzing (fuzz/) ------------------------------------------------------------------------
-# A short run of every cargo-fuzz target (6 s each, about a minute in all) from the seed corpus
-# in fuzz/corpus/, into a scratch corpus so the repository's stays as committed. A crash fails
-# the run and prints how to reproduce it. Long runs: fuzz/run-long.sh.
+# A short run of every fuzz target (6 s each, two at a time) from the seed corpus in
+# fuzz/corpus/, into a scratch corpus so the repository's stays as committed. A crash fails the
+# run and prints how to reproduce it. Long runs: fuzz/run-long.sh.
 fuzz_scratch=$(mktemp -d)
-fuzz/run-long.sh --seconds 6 --work "$fuzz_scratch"
+fuzz/run-long.sh --seconds 6 --jobs 2 --work "$fuzz_scratch"
 rm -rf "$fuzz_scratch"
+step "fuzzed"
 # ---- end of fuzzing ---------------------------------------------------------------------------

@@ -267,10 +267,20 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
             }
         }
         if let Some(end) = round {
-            let seen = prober.read().or((now >= end).then_some(Seen::Silent));
-            if let Some(seen) = seen {
+            let read = prober.read();
+            if let Some(verdict) = read.or((now >= end).then_some(Seen::Silent)) {
+                if verdict == Seen::Silent {
+                    let queued: Vec<u32> = seen.iter().map(|(q, _)| q.queued).collect();
+                    let late = now.saturating_duration_since(end);
+                    tracing::debug!(
+                        refused = read.is_some(),
+                        ?late,
+                        ?queued,
+                        "probe round silent"
+                    );
+                }
                 round = None;
-                flows.asked(now, seen == Seen::Serving);
+                flows.asked(now, verdict == Seen::Serving);
             }
         }
     }

@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod figure;
 pub mod forwarder;
 pub mod hostile;
 pub mod localdns;
@@ -24,6 +25,8 @@ pub mod standin;
 // would otherwise warn.
 #[allow(unused_imports)]
 pub use client::*;
+#[allow(unused_imports)]
+pub use figure::*;
 #[allow(unused_imports)]
 pub use forwarder::*;
 #[allow(unused_imports)]
