@@ -14,11 +14,11 @@ pub mod client;
 pub mod forwarder;
 pub mod hostile;
 pub mod localdns;
+pub mod metrics;
 pub mod netns;
 pub mod responder;
 pub mod rig;
 pub mod servers;
-pub mod standin;
 
 // Re-exports for `use common::*`; a binary that uses none of a module's items
 // would otherwise warn.
@@ -31,6 +31,8 @@ pub use hostile::*;
 #[allow(unused_imports)]
 pub use localdns::*;
 #[allow(unused_imports)]
+pub use metrics::*;
+#[allow(unused_imports)]
 pub use netns::*;
 #[allow(unused_imports)]
 pub use responder::*;
@@ -38,8 +40,6 @@ pub use responder::*;
 pub use rig::*;
 #[allow(unused_imports)]
 pub use servers::*;
-#[allow(unused_imports)]
-pub use standin::*;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
