@@ -65,25 +65,7 @@ impl Forwarder {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Forwarder {
-        Forwarder::spawn_limited(at, args, env, None)
-    }
-
-    /// As [`Forwarder::spawn_with_env`], under `nofile` descriptors (see [`Launch::nofile`]).
-    pub fn spawn_limited(
-        at: impl Into<Place>,
-        args: &[String],
-        env: &[(&str, &str)],
-        nofile: Option<u64>,
-    ) -> Forwarder {
-        Forwarder::launch(
-            at,
-            args,
-            env,
-            Launch {
-                nofile,
-                ..Launch::default()
-            },
-        )
+        Forwarder::launch(at, args, env, Launch::default())
     }
 
     /// The standby in `ns` as on a node (see [`Launch::host_sys`]), every upstream `up`, logging
@@ -275,28 +257,6 @@ impl Forwarder {
     /// One scrape of its `/metrics` by `curl`, from where it runs.
     pub fn curl_metrics(&self) -> Metrics {
         Metrics::curl(&self.at, self.metrics_addr())
-    }
-
-    /// Scrapes until `until` holds (every 20 ms), for up to `timeout`: the scrape where it did.
-    /// Panics, with the last scrape and the logs, if it never does.
-    pub fn wait_for_metrics(&self, timeout: Duration, until: impl Fn(&Metrics) -> bool) -> Metrics {
-        let addr = self.metrics_addr();
-        let mut last = None;
-        let found = super::poll_until(timeout, || {
-            let m = Metrics::try_fetch(&self.at, addr)?;
-            if until(&m) {
-                return Some(m);
-            }
-            last = Some(m);
-            None
-        });
-        found.unwrap_or_else(|| {
-            panic!(
-                "the metrics did not get there within {timeout:?}; last scrape:\n{}\nlogs:\n{}",
-                last.map_or_else(|| "none".to_string(), |m| m.text().to_string()),
-                self.logs()
-            )
-        })
     }
 }
 

@@ -9,7 +9,7 @@
 //!   Fails loudly when not root.
 
 use super::client::{DigResult, dig_to, kdig_to};
-use super::forwarder::Forwarder;
+use super::forwarder::{Forwarder, Launch};
 use super::localdns::{LocalDns, LocalDnsOptions};
 use super::netns::{LOCALDNS_10, LOCALDNS_11, Netns, Place, Topology, Upstream, dns53};
 use super::responder::{Mode, Responder};
@@ -201,7 +201,11 @@ impl RigBuilder {
         } else {
             loopback_forwarder_args(&node_ups, &cluster_ups, &flags)
         };
-        let fwd = Forwarder::spawn_limited(&at, &args, &[], self.nofile);
+        let launch = Launch {
+            nofile: self.nofile,
+            ..Launch::default()
+        };
+        let fwd = Forwarder::launch(&at, &args, &[], launch);
         let (node, cluster) = match topo {
             Some(_) => (dns53(LOCALDNS_10), dns53(LOCALDNS_11)),
             None => (
