@@ -293,6 +293,7 @@ fn follows_resolv_conf_from_the_startup_race_to_the_real_servers() {
         early.query_time,
         early.elapsed
     );
+    // The scenario: the real upstream appears in the file 3 s after our start.
     std::thread::sleep(Duration::from_secs(3));
     d.write_resolv(&format!(
         "nameserver {}\nnameserver 127.0.0.53\noptions edns0 trust-ad\n",
@@ -318,6 +319,7 @@ fn follows_resolv_conf_from_the_startup_race_to_the_real_servers() {
     );
     // The file going back to listing only our listener keeps the good server.
     d.write_resolv("nameserver 169.254.10.10\n");
+    // Re-reads pass (nothing to wait for: what is proved is that nothing changes).
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(
         d.dig("169.254.10.10", "uncached.example.com").answers,
@@ -409,6 +411,7 @@ fn takes_the_vnet_dns_from_the_dhcp_lease_while_resolv_conf_names_none() {
     );
     // LocalDNS's drop-in back: resolv.conf's server is kept, not the lease's.
     d.write_resolv("nameserver 169.254.10.10\n");
+    // Re-reads pass (nothing to wait for: what is proved is that nothing changes).
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
         d.dig("169.254.10.10", "again.example.com").answers,
@@ -501,6 +504,7 @@ fn no_backends_anywhere_means_fast_servfail_and_one_explanation() {
     let r = d.dig("169.254.10.11", "kubernetes.default.svc.cluster.local");
     assert_eq!(r.status, "SERVFAIL", "{}", r.raw);
     assert!(r.elapsed < Duration::from_secs(1), "{:?}", r.elapsed);
+    // The scenario: two rediscoveries (1 s apart) pass, each finding no backend.
     std::thread::sleep(Duration::from_millis(2500));
     let logs = d.fwd.as_ref().unwrap().logs();
     assert_eq!(

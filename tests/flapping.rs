@@ -22,42 +22,22 @@ const HAND_BACK_WITHIN: Duration = Duration::from_secs(6);
 /// its flows back (`flows::SAME_PROOF`); taken as late as the lift, it has them 10 s after it.
 const STARVED_BACK_WITHIN: Duration = Duration::from_secs(12);
 
-/// The stand-in's own process (see `StandIn`).
-#[test]
-fn standin_process() {
-    serve_as_standin();
-}
-
-/// A node namespace, one upstream, the stand-in (4 sockets per listener, spending `cost` of CPU
-/// on each answer) and the standby with its metrics, standing by.
-fn beside(cost: Duration) -> (Topology, Upstream, Responder, StandIn, Standby) {
+/// A node namespace, one upstream, the stand-in (a process of its own, 4 sockets per listener,
+/// spending `cost` of CPU on each answer) and the standby with its metrics, standing by.
+fn beside(cost: Duration) -> (Topology, Upstream, Responder, LocalDns, Forwarder) {
     standby_beside(
-        |ns| StandIn::start_costing(ns, 4, cost),
+        LocalDns::with().sockets(4).cost(cost).process(),
         &["--metrics", METRICS],
     )
 }
 
 /// Takes and hand-backs so far (every cause), and whether the standby holds any flow.
-fn hands(ns: &Netns) -> (u64, u64, bool) {
-    let text = ns.enter(|| {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(METRICS).expect("connect to /metrics");
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(s, "GET /metrics HTTP/1.0\r\nHost: {METRICS}\r\n\r\n").unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
-    });
-    let sum = |prefix: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+fn hands(f: &Forwarder) -> (u64, u64, bool) {
+    let m = f.metrics();
     (
-        sum("localdns_fallback_takeovers_total{") as u64,
-        sum("localdns_fallback_handbacks_total{") as u64,
-        sum("localdns_fallback_holding_flows{") > 0.0,
+        m.sum("localdns_fallback_takeovers_total", &[]) as u64,
+        m.sum("localdns_fallback_handbacks_total", &[]) as u64,
+        m.sum("localdns_fallback_holding_flows", &[]) > 0.0,
     )
 }
 
@@ -96,8 +76,9 @@ fn count(samples: &[Sample], during: impl Fn(Instant) -> bool, by: Option<By>) -
 fn addresses_gone_for_three_seconds_while_localdns_serves_change_hands_once() {
     let (topo, _up, _r, _localdns, f) = beside(Duration::ZERO);
     let asking = pods(&topo.node, Duration::from_secs(13));
+    // The scenario: 2 s of pods asking a serving LocalDNS, then the fault, 3 s long.
     std::thread::sleep(Duration::from_secs(2));
-    let before = hands(&topo.node);
+    let before = hands(&f);
     let gone = Instant::now();
     for l in LISTENERS {
         let ip = l.split(':').next().unwrap();
@@ -110,7 +91,7 @@ fn addresses_gone_for_three_seconds_while_localdns_serves_change_hands_once() {
         topo.node.ip(&format!("addr add {ip}/32 dev localdns"));
     }
     let samples = asking.join().unwrap();
-    let after = hands(&topo.node);
+    let after = hands(&f);
     let logs = f.logs();
     let (takes, hand_backs) = (after.0 - before.0, after.1 - before.1);
     let in_event = |t: Instant| t >= gone;
@@ -156,8 +137,9 @@ const KNOT_COST: Duration = Duration::from_micros(20);
 #[test]
 fn a_localdns_starved_for_eight_seconds_changes_hands_at_most_once_each_way() {
     let (topo, _up, _r, mut localdns, f) = beside(KNOT_COST);
-    let before = hands(&topo.node);
+    let before = hands(&f);
     let (samples, (squeezed, lifted)) = std::thread::scope(|s| {
+        // The scenario: 2 s of load, then 8 s of squeeze, then the rest of the 24 s.
         let squeezer = s.spawn(|| {
             std::thread::sleep(Duration::from_secs(2));
             let at = Instant::now();
@@ -174,7 +156,7 @@ fn a_localdns_starved_for_eight_seconds_changes_hands_at_most_once_each_way() {
         );
         (samples, squeezer.join().unwrap())
     });
-    let after = hands(&topo.node);
+    let after = hands(&f);
     let logs = f.logs();
     let (takes, hand_backs) = (after.0 - before.0, after.1 - before.1);
     let during = |t: Instant| t >= squeezed && t < lifted;

@@ -665,24 +665,16 @@ fn binding_waits_for_a_busy_port() {
     require_root_and_tools(&["ip"]);
     let topo = Topology::new();
     let up = topo.add_upstream_ns(true, false);
-    // Something (an orphaned CoreDNS) holds the node listener's UDP port for a moment.
-    let (release, held) = std::sync::mpsc::channel::<()>();
-    let holder = {
-        let path = topo.node.path();
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(path).unwrap();
-            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let socket = std::net::UdpSocket::bind(listener(NODE)).unwrap();
-            let _ = held.recv_timeout(Duration::from_secs(10));
-            drop(socket);
-        })
-    };
-    std::thread::sleep(Duration::from_millis(100));
+    // Something (an orphaned CoreDNS) holds the node listener's UDP port for a moment: bound
+    // before the forwarder starts.
+    let holder = topo
+        .node
+        .enter(|| std::net::UdpSocket::bind(listener(NODE)).unwrap());
     let f = Forwarder::spawn(&topo.node, &args(&[up.sock_v4()], &[up.sock_v4()], &[]));
+    // The scenario: the port stays busy 700 ms, in which a forwarder that gave up would have.
     std::thread::sleep(Duration::from_millis(700));
     assert!(f.is_running(), "still retrying, not failed: {}", f.logs());
-    release.send(()).unwrap();
-    holder.join().unwrap();
+    drop(holder);
     f.wait_ready(&topo.node, listener(NODE), Duration::from_secs(5));
 }
 

@@ -72,6 +72,8 @@ fn send_flows(n: usize, tag: u8) {
 
 /// Datagrams waiting on `s`, by tag.
 fn drain_udp(s: &UdpSocket) -> Vec<u8> {
+    // What was sent is queued on one member or the other, and some tests count that nothing
+    // reached one: no state says "nothing more will arrive", so a quiet time stands for it.
     std::thread::sleep(Duration::from_millis(50));
     let mut tags = Vec::new();
     let mut buf = [0u8; 16];
@@ -91,6 +93,7 @@ fn connect_flows(n: usize) -> Vec<std::net::TcpStream> {
 }
 
 fn accepted(l: &std::net::TcpListener) -> usize {
+    // As in `drain_udp`: a quiet time for "no more connections will be queued".
     std::thread::sleep(Duration::from_millis(50));
     let mut n = 0;
     while l.accept().is_ok() {
@@ -291,6 +294,7 @@ fn the_daemon_keeps_answering_while_localdns_recreates_its_link() {
         assert_eq!(r.answers, ["10.0.0.1"], "{l} without the link: {}", r.raw);
     }
     // The fallback does not put the link back: LocalDNS's own `ip link add` must not collide.
+    // (The scenario: 1.5 s without the link, in which a fallback that made it would have.)
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
         !ns.ip("link show").contains("localdns"),
@@ -318,7 +322,7 @@ fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined()
         })
         .start();
     let ns = node.node_ns();
-    let localdns = LocalDnsStandIn::start(ns);
+    let localdns = LocalDns::start(ns);
     // Pods asking every 2 ms from new sockets (new flows), each waiting up to 1 s for a reply.
     let path = ns.path();
     let asking = std::thread::spawn(move || {
@@ -335,6 +339,7 @@ fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined()
                 udp_exchange(Place::Here, to, &query, Duration::from_secs(1))
             });
             waiting.push(me);
+            // Pacing the pods.
             std::thread::sleep(Duration::from_millis(2));
         }
         waiting
@@ -342,6 +347,7 @@ fn the_daemon_answers_every_query_across_its_handoff_to_a_localdns_that_joined()
             .map(|t| t.join().unwrap())
             .collect::<Vec<_>>()
     });
+    // The scenario: pods ask for 300 ms before the daemon is stopped.
     std::thread::sleep(Duration::from_millis(300));
     node.fwd.signal(Signal::SIGTERM);
     let status = node.fwd.wait_exit(Duration::from_secs(5)).expect("exits");

@@ -63,22 +63,6 @@ fn answered_within(r: &Rig, to: SocketAddr, name: &str, want: &str, within: Dura
     }
 }
 
-fn scrape(r: &Rig) -> String {
-    let logs = r.fwd.logs();
-    let line = logs
-        .lines()
-        .find(|l| l.contains("serving /metrics"))
-        .unwrap();
-    let at = line.find("addr=Some(").unwrap() + "addr=Some(".len();
-    let addr = line[at..].split(')').next().unwrap();
-    let url = format!("http://{addr}/metrics");
-    let out =
-        r.at.command("curl", ["-sS", "--max-time", "5", &url])
-            .output()
-            .unwrap();
-    String::from_utf8(out.stdout).unwrap()
-}
-
 #[test]
 fn the_hosts_file_is_answered_on_both_listeners_and_followed() {
     let dir = TempDir::new("hosts");
@@ -149,10 +133,11 @@ fn the_hosts_file_is_answered_on_both_listeners_and_followed() {
             d.raw
         );
     }
-    let m = scrape(&r);
-    assert!(m.contains("localdns_fallback_hosts_entries 4\n"), "{m}");
-    assert!(
-        !m.contains("localdns_fallback_hosts_reload_timestamp_seconds 0\n"),
+    let m = r.fwd.curl_metrics();
+    assert_eq!(m.get("localdns_fallback_hosts_entries", &[]), 4.0, "{m}");
+    assert_ne!(
+        m.get("localdns_fallback_hosts_reload_timestamp_seconds", &[]),
+        0.0,
         "{m}"
     );
 
@@ -178,7 +163,11 @@ fn the_hosts_file_is_answered_on_both_listeners_and_followed() {
 
     // Deleted: the last content stays.
     std::fs::remove_file(&path).unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // Seen gone at its next re-read (said at the start, when there was no file, then again).
+    poll_until(CANARY_WITHIN, || {
+        (r.fwd.logs().matches("no hosts file at").count() >= 2).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the deletion was not seen:\n{}", r.fwd.logs()));
     for to in [r.node, r.cluster] {
         let d = r.dig(to, &["mcr.example.com", "A", "+tcp"]);
         assert_eq!(d.answers, ["10.7.7.7"], "{}", d.raw);
@@ -200,7 +189,12 @@ fn hosts_file_none_forwards_every_name_and_discover_shows_the_file() {
         let d = r.dig(to, &["mcr.example.com", "A"]);
         assert_eq!(d.answers, [UPSTREAM.to_string()], "{}", d.raw);
     }
-    assert!(scrape(&r).contains("localdns_fallback_hosts_entries 0\n"));
+    assert_eq!(
+        r.fwd
+            .curl_metrics()
+            .get("localdns_fallback_hosts_entries", &[]),
+        0.0
+    );
 
     let up = r.upstreams[0].to_string();
     let discover = |file: &str| {

@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::Write;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -22,57 +22,6 @@ fn rig() -> Rig {
         .flags(&["--metrics", &metrics])
         .tools(&["curl", "promtool"])
         .start()
-}
-
-/// What a test adds to the kit's rig: the metrics endpoint.
-trait Metrics {
-    fn metrics(&self) -> SocketAddr;
-    fn scrape(&self) -> String;
-}
-
-impl Metrics for Rig {
-    /// Where the endpoint serves, from its start-up log line (the port was the kernel's pick).
-    fn metrics(&self) -> SocketAddr {
-        poll_until(Duration::from_secs(10), || {
-            let logs = self.fwd.logs();
-            let line = logs.lines().find(|l| l.contains("serving /metrics"))?;
-            let at = line.find("addr=Some(")? + "addr=Some(".len();
-            line[at..].split(')').next()?.parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no metrics endpoint came up; logs:\n{}", self.fwd.logs()))
-    }
-
-    fn scrape(&self) -> String {
-        let out = self
-            .at
-            .command(
-                "curl",
-                [
-                    "-sS",
-                    "--max-time",
-                    "5",
-                    &format!("http://{}/metrics", self.metrics()),
-                ],
-            )
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "curl: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-}
-
-/// The value of the sample `name{labels}` (labels exactly as rendered), or 0 if absent.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
-        .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
 fn promtool_check(text: &str) {
@@ -98,35 +47,36 @@ fn promtool_check(text: &str) {
     );
 }
 
-fn responses(listener: &str, transport: &str, rcode: &str) -> String {
-    format!(
-        "localdns_fallback_responses_total{{listener=\"{listener}\",transport=\"{transport}\",rcode=\"{rcode}\"}}"
-    )
+const RESPONSES: &str = "localdns_fallback_responses_total";
+
+fn responses<'a>(listener: &'a str, transport: &'a str, rcode: &'a str) -> [(&'a str, &'a str); 3] {
+    [
+        ("listener", listener),
+        ("transport", transport),
+        ("rcode", rcode),
+    ]
 }
 
 #[test]
 fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
     let r = rig();
-    let before = r.scrape();
+    let before = r.fwd.curl_metrics();
     let seen_before = r.upstream_queries(0);
-    promtool_check(&before);
+    promtool_check(before.text());
     // Started by a test (no systemd, no LocalDNS markers): it holds the flows since its start,
     // by hand.
     for listener in ["node", "cluster"] {
-        let gauge = format!("localdns_fallback_holding_flows{{listener=\"{listener}\"}}");
-        assert_eq!(sample(&before, &gauge), 1.0, "{before}");
+        let gauge = before.get("localdns_fallback_holding_flows", &[("listener", listener)]);
+        assert_eq!(gauge, 1.0, "{before}");
     }
     assert_eq!(
-        sample(
-            &before,
-            "localdns_fallback_takeovers_total{cause=\"by_hand\"}"
-        ),
+        before.get("localdns_fallback_takeovers_total", &[("cause", "by_hand")]),
         1.0,
         "a start by hand (unless this host has /run/localdns-handoff or MONITOR_UNIT set):\n{before}"
     );
-    assert_eq!(sample(&before, "localdns_fallback_standby"), 0.0);
-    let started = sample(&before, "process_start_time_seconds");
-    let since = sample(&before, "localdns_fallback_last_takeover_timestamp_seconds");
+    assert_eq!(before.get("localdns_fallback_standby", &[]), 0.0);
+    let started = before.get("process_start_time_seconds", &[]);
+    let since = before.get("localdns_fallback_last_takeover_timestamp_seconds", &[]);
     // process_start_time_seconds comes from /proc in clock ticks, the takeover's time from the
     // wall clock in whole seconds: either may read a second before the other.
     assert!((started - 1.0..started + 30.0).contains(&since), "{before}");
@@ -149,55 +99,51 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
         r.dig(r.cluster, &["n0.svc.cluster.local"]).status,
         "NOERROR"
     ); // a cache hit
-    let after = r.scrape();
-    promtool_check(&after);
-    let delta = |series: &str| sample(&after, series) - sample(&before, series);
+    let after = r.fwd.curl_metrics();
+    promtool_check(after.text());
+    // Counters by label set: one the daemon has not counted yet is not rendered, and is 0.
+    let delta =
+        |name: &str, labels: &[(&str, &str)]| after.sum(name, labels) - before.sum(name, labels);
     assert_eq!(
-        delta(&responses("cluster", "udp", "NOERROR")),
+        delta(RESPONSES, &responses("cluster", "udp", "NOERROR")),
         4.0,
         "{after}"
     );
-    assert_eq!(delta(&responses("cluster", "udp", "SERVFAIL")), 1.0);
-    assert_eq!(delta(&responses("node", "udp", "NXDOMAIN")), 2.0);
-    assert_eq!(delta(&responses("node", "tcp", "NOERROR")), 1.0);
     assert_eq!(
-        delta(&responses("node", "udp", "NOERROR")),
+        delta(RESPONSES, &responses("cluster", "udp", "SERVFAIL")),
+        1.0
+    );
+    assert_eq!(delta(RESPONSES, &responses("node", "udp", "NXDOMAIN")), 2.0);
+    assert_eq!(delta(RESPONSES, &responses("node", "tcp", "NOERROR")), 1.0);
+    assert_eq!(
+        delta(RESPONSES, &responses("node", "udp", "NOERROR")),
         0.0,
         "wait_ready's probes came before"
     );
-    assert_eq!(
-        delta("localdns_fallback_cache_hits_total{listener=\"cluster\"}"),
-        1.0
-    );
-    assert_eq!(
-        delta("localdns_fallback_cache_misses_total{listener=\"cluster\"}"),
-        4.0
-    );
-    let upstream = format!("{{group=\"cluster\",upstream=\"{}\"}}", r.upstreams[0]);
+    let cluster = [("listener", "cluster")];
+    assert_eq!(delta("localdns_fallback_cache_hits_total", &cluster), 1.0);
+    assert_eq!(delta("localdns_fallback_cache_misses_total", &cluster), 4.0);
+    let up = r.upstreams[0].to_string();
+    let upstream = [("group", "cluster"), ("upstream", up.as_str())];
     // Four tries to kube-dns at least: a try unanswered for 100 ms on a loaded machine is also
     // hedged, and a hedge is a try too; the counters must match what the upstream saw.
-    let cluster_tries = delta(&format!(
-        "localdns_fallback_upstream_queries_total{upstream}"
-    ));
+    let cluster_tries = delta("localdns_fallback_upstream_queries_total", &upstream);
     assert!(cluster_tries >= 4.0, "{after}");
     // The SERVFAIL is a failed try, not an accepted reply: it is not in the latency histogram.
-    let timed = delta(&format!(
-        "localdns_fallback_upstream_duration_seconds_count{upstream}"
-    ));
+    let timed = delta(
+        "localdns_fallback_upstream_duration_seconds_count",
+        &upstream,
+    );
     assert!(
         (3.0..cluster_tries).contains(&timed),
         "{timed} timed replies"
     );
     assert_eq!(
-        delta(&format!(
-            "localdns_fallback_upstream_failures_total{upstream}"
-        )),
+        delta("localdns_fallback_upstream_failures_total", &upstream),
         1.0
     );
-    let node_up = format!("{{group=\"node\",upstream=\"{}\"}}", r.upstreams[0]);
-    let node_tries = delta(&format!(
-        "localdns_fallback_upstream_queries_total{node_up}"
-    ));
+    let node_up = [("group", "node"), ("upstream", up.as_str())];
+    let node_tries = delta("localdns_fallback_upstream_queries_total", &node_up);
     assert!(node_tries >= 3.0, "{after}");
     let seen = (r.upstream_queries(0) - seen_before) as f64;
     assert_eq!(
@@ -206,15 +152,19 @@ fn metrics_pass_promtool_and_count_exactly_what_was_sent() {
         "every try the upstream saw, counted"
     );
     assert_eq!(
-        sample(
-            &after,
-            "localdns_fallback_upstreams{group=\"cluster\",source=\"flag\"}"
+        after.get(
+            "localdns_fallback_upstreams",
+            &[("group", "cluster"), ("source", "flag")]
         ),
         1.0
     );
-    assert!(sample(&after, "localdns_fallback_cache_entries") >= 4.0);
-    assert!(sample(&after, "process_start_time_seconds") > 1.7e9);
-    assert!(after.contains("localdns_fallback_build_info{version=\""));
+    assert!(after.get("localdns_fallback_cache_entries", &[]) >= 4.0);
+    assert!(after.get("process_start_time_seconds", &[]) > 1.7e9);
+    assert!(
+        after
+            .text()
+            .contains("localdns_fallback_build_info{version=\"")
+    );
 }
 
 /// The shipped alerting rules, through promtool's own rule tests (units/prometheus).
@@ -298,7 +248,7 @@ fn status_cannot_tell_beside_a_fallback_without_metrics() {
 #[test]
 fn hostile_http_clients_do_not_delay_dns() {
     let r = rig();
-    let metrics = r.metrics();
+    let metrics = r.fwd.metrics_addr();
     let slow = r.at.enter(|| {
         // Slow and junk clients: more than the endpoint serves at once.
         let mut conns = Vec::new();

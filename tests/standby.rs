@@ -7,7 +7,6 @@
 mod common;
 
 use localdns_fallback::flows::{LOOK_BUSY, LOOK_EVERY, UNREAD_FOR};
-use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -56,8 +55,9 @@ fn listener_addresses_on_lo(ns: &Netns) -> bool {
 #[test]
 fn a_start_beside_a_serving_localdns_takes_no_flow_and_ends_cleanly() {
     let (topo, up, _r) = node_and_upstream();
-    let _localdns = LocalDnsStandIn::start(&topo.node);
+    let _localdns = LocalDns::start(&topo.node);
     let asking = ask_for(&topo.node, Duration::from_millis(800));
+    // The scenario: pods ask for 100 ms before the fallback starts.
     std::thread::sleep(Duration::from_millis(100));
     let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &[]));
     let status = f
@@ -93,18 +93,13 @@ fn a_start_beside_a_serving_localdns_takes_no_flow_and_ends_cleanly() {
 #[test]
 fn standby_starts_killed_restarted_and_stopped_beside_a_serving_localdns_take_no_flow() {
     let (topo, up, _r) = node_and_upstream();
-    let _localdns = LocalDnsStandIn::start(&topo.node);
+    let localdns = LocalDns::start(&topo.node);
     let asking = ask_for(&topo.node, Duration::from_secs(5));
+    // The scenario: pods ask for 100 ms before the first start.
     std::thread::sleep(Duration::from_millis(100));
     let args = upstream_args(&up, &["--standby"]);
-    let standing_by = |f: &Forwarder| {
-        assert!(
-            f.wait_for_log("standing by", Duration::from_secs(5)),
-            "{}",
-            f.logs()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    };
+    // Standing by, its probe answered by LocalDNS twice (it has seen LocalDNS serve).
+    let standing_by = |f: &Forwarder| localdns.wait_stood_by(f, 2, Duration::from_secs(5));
     let mut logs = String::new();
     let first = Forwarder::spawn(&topo.node, &args);
     assert!(
@@ -159,7 +154,7 @@ fn standby_starts_killed_restarted_and_stopped_beside_a_serving_localdns_take_no
 #[test]
 fn standby_takes_a_hung_localdns_flows_within_its_bound_and_gives_them_back() {
     let (topo, up, _r) = node_and_upstream();
-    let localdns = LocalDnsStandIn::start(&topo.node);
+    let localdns = LocalDns::start(&topo.node);
     let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
     assert!(
         f.wait_for_log("standing by", Duration::from_secs(10)),
@@ -184,9 +179,10 @@ fn standby_takes_a_hung_localdns_flows_within_its_bound_and_gives_them_back() {
 
     // LocalDNS goes silent.
     let asking = ask_for(&topo.node, Duration::from_millis(1500));
+    // The scenario: pods ask a serving LocalDNS for 200 ms before it goes silent.
     std::thread::sleep(Duration::from_millis(200));
     let silent_at = Instant::now();
-    localdns.hung.store(true, Ordering::Relaxed);
+    localdns.hang(true);
     let samples = asking.join().unwrap();
     // Dark: from the silence to the first query after which every query is answered.
     let last_unanswered = samples
@@ -219,11 +215,12 @@ fn standby_takes_a_hung_localdns_flows_within_its_bound_and_gives_them_back() {
     );
 
     // LocalDNS answers again.
-    // Asked 3.8 s past the resume: a LocalDNS never given its flows back fails the bound.
+    // Asked 3.8 s past the resume: a LocalDNS never given its flows back fails the bound. The
+    // scenario: pods ask the standby for 200 ms before LocalDNS answers again.
     let asking = ask_for(&topo.node, Duration::from_millis(4000));
     std::thread::sleep(Duration::from_millis(200));
     let back_at = Instant::now();
-    localdns.hung.store(false, Ordering::Relaxed);
+    localdns.hang(false);
     let samples = asking.join().unwrap();
     let last_not_localdns = samples
         .iter()
@@ -300,7 +297,7 @@ fn a_fallback_started_without_standby_holds_the_flows_and_hands_them_to_a_locald
         "{}",
         f.logs()
     );
-    let _localdns = LocalDnsStandIn::start(&topo.node);
+    let _localdns = LocalDns::start(&topo.node);
     assert!(
         f.wait_for_log(
             "LocalDNS answers again; new flows go to it",
@@ -334,24 +331,20 @@ fn a_fallback_started_without_standby_holds_the_flows_and_hands_them_to_a_locald
 fn standby_takes_no_flow_across_quick_localdns_restarts() {
     const RESTARTS: usize = 5;
     let (topo, up, _r) = node_and_upstream();
-    let mut localdns = LocalDnsStandIn::start(&topo.node);
+    let mut localdns = LocalDns::start(&topo.node);
     let f = Forwarder::spawn(&topo.node, &upstream_args(&up, &["--standby"]));
-    assert!(
-        f.wait_for_log("standing by", Duration::from_secs(10)),
-        "{}",
-        f.logs()
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    localdns.wait_stood_by(&f, 2, Duration::from_secs(10));
     let asking = ask_for(
         &topo.node,
         Duration::from_millis(400 * (RESTARTS as u64 + 1)),
     );
     let mut restarts = Vec::new();
     for _ in 0..RESTARTS {
+        // The scenario: LocalDNS serves 400 ms between restarts.
         std::thread::sleep(Duration::from_millis(400));
         let from = Instant::now();
         drop(localdns);
-        localdns = LocalDnsStandIn::start(&topo.node);
+        localdns = LocalDns::start(&topo.node);
         restarts.push(from..Instant::now());
     }
     let samples = asking.join().unwrap();

@@ -52,47 +52,10 @@ fn binary() -> String {
     std::env::var("LOCALDNS_E2E_BINARY").unwrap_or_else(|_| BINARY.to_owned())
 }
 
-/// The stand-in CoreDNS and the prober (tests/systemd/standin.rs, plain `std`), compiled once per
-/// source version with the rustc of this toolchain into the target directory.
+/// The stand-in CoreDNS and the prober (tests/systemd/standin.rs, plain `std`; see
+/// `common::standin_program`).
 fn standin() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            use std::hash::{Hash, Hasher};
-            let src = Path::new(MANIFEST_DIR).join("tests/systemd/standin.rs");
-            let text = fs::read(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            text.hash(&mut h);
-            let out =
-                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("standin-{:016x}", h.finish()));
-            if out.exists() {
-                return out;
-            }
-            // Built in a directory of this process's own and renamed: parallel test processes
-            // never run a half-written binary, and never share rustc's intermediate objects
-            // (named after the output's stem, so two builds to one directory overwrite each
-            // other's and the link finds no `main`).
-            let dir = out.with_extension(format!("build{}", std::process::id()));
-            fs::create_dir_all(&dir).unwrap();
-            let tmp = dir.join("standin");
-            let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
-            let built = Command::new(&rustc)
-                .args(["--edition", "2021", "-O", "-o"])
-                .arg(&tmp)
-                .arg(&src)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
-            assert!(
-                built.status.success(),
-                "{rustc} {} failed:\n{}",
-                src.display(),
-                String::from_utf8_lossy(&built.stderr)
-            );
-            fs::rename(&tmp, &out).unwrap();
-            let _ = fs::remove_dir_all(&dir);
-            out
-        })
-        .clone()
+    common::standin_program()
 }
 
 /// Where the root file systems are cached between runs (see build-rootfs.sh).

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
@@ -31,53 +30,23 @@ fn status(ns: &Netns) -> (i32, String) {
     (out.status.code().unwrap_or(-1), line)
 }
 
-/// `/metrics` of the daemon serving them at `addr` in `ns`.
-fn scrape(ns: &Netns, addr: &str) -> String {
-    let out = ns
-        .exec(
-            "curl",
-            ["-sS", "--max-time", "5", &format!("http://{addr}/metrics")],
-        )
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "curl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+/// The sample of `name` with no labels; panics if absent.
+fn sample(m: &Metrics, name: &str) -> f64 {
+    m.get(name, &[])
 }
 
-/// The value of the sample `series` (labels as rendered); panics if absent.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
+fn holding(m: &Metrics) -> [f64; 2] {
+    ["node", "cluster"].map(|l| m.get("localdns_fallback_holding_flows", &[("listener", l)]))
 }
 
-fn holding(text: &str) -> [f64; 2] {
-    ["node", "cluster"].map(|l| {
-        sample(
-            text,
-            &format!("localdns_fallback_holding_flows{{listener=\"{l}\"}}"),
-        )
-    })
-}
-
-fn count(text: &str, total: &str, cause: &str) -> f64 {
-    sample(
-        text,
-        &format!("localdns_fallback_{total}{{cause=\"{cause}\"}}"),
-    )
+fn count(m: &Metrics, total: &str, cause: &str) -> f64 {
+    m.get(&format!("localdns_fallback_{total}"), &[("cause", cause)])
 }
 
 #[test]
 fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     let (topo, up, _r) = node();
-    let localdns = LocalDnsStandIn::start(&topo.node);
+    let localdns = LocalDns::start(&topo.node);
     let metrics = "127.0.0.1:9356";
     let f = Forwarder::spawn(
         &topo.node,
@@ -88,7 +57,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
         "{}",
         f.logs()
     );
-    let text = scrape(&topo.node, metrics);
+    let text = f.curl_metrics();
     assert_eq!(holding(&text), [0.0, 0.0], "{text}");
     assert_eq!(sample(&text, "localdns_fallback_standby"), 1.0);
     assert_eq!(
@@ -108,7 +77,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     // LocalDNS hangs: the standby's own probe question waits unread in LocalDNS's socket, and
     // the standby takes the flows (counted with the probe's cause: `stats` has none of its own
     // for a queue left unread).
-    localdns.hung.store(true, Ordering::Relaxed);
+    localdns.hang(true);
     assert!(
         f.wait_for_log(
             "LocalDNS left queries unread in its sockets",
@@ -117,7 +86,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
         "{}",
         f.logs()
     );
-    let text = scrape(&topo.node, metrics);
+    let text = f.curl_metrics();
     assert_eq!(holding(&text), [1.0, 1.0], "{text}");
     assert_eq!(count(&text, "takeovers_total", "unread_queries"), 1.0);
     let since = sample(&text, "localdns_fallback_last_takeover_timestamp_seconds");
@@ -139,13 +108,13 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     );
 
     // LocalDNS answers again: the hand-back is counted under the cause of the takeover it ends.
-    localdns.hung.store(false, Ordering::Relaxed);
+    localdns.hang(false);
     assert!(
         f.wait_for_log("LocalDNS answers again", Duration::from_secs(5)),
         "{}",
         f.logs()
     );
-    let text = scrape(&topo.node, metrics);
+    let text = f.curl_metrics();
     assert_eq!(holding(&text), [0.0, 0.0], "{text}");
     assert_eq!(count(&text, "handbacks_total", "unread_queries"), 1.0);
     assert!(sample(&text, "localdns_fallback_last_handback_timestamp_seconds") >= since);
@@ -163,7 +132,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
         "{}",
         f.logs()
     );
-    let text = scrape(&topo.node, metrics);
+    let text = f.curl_metrics();
     assert_eq!(holding(&text), [1.0, 1.0], "{text}");
     assert_eq!(count(&text, "takeovers_total", "addresses_gone"), 1.0);
     assert_eq!(count(&text, "takeovers_total", "unread_queries"), 1.0);
@@ -180,7 +149,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
 #[test]
 fn status_tells_localdns_a_fallback_and_silence_apart() {
     let (topo, up, _r) = node();
-    let localdns = LocalDnsStandIn::start(&topo.node);
+    let localdns = LocalDns::start(&topo.node);
     let (code, line) = status(&topo.node);
     assert_eq!(
         (code, line.as_str()),
@@ -208,7 +177,7 @@ fn status_tells_localdns_a_fallback_and_silence_apart() {
         "169.254.10.11:53".parse().unwrap(),
         Duration::from_secs(10),
     );
-    let text = scrape(&topo.node, metrics);
+    let text = f.curl_metrics();
     assert_eq!(holding(&text), [1.0, 1.0], "{text}");
     assert_eq!(count(&text, "takeovers_total", "localdns_failed"), 1.0);
     assert_eq!(sample(&text, "localdns_fallback_standby"), 0.0);

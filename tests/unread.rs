@@ -24,12 +24,6 @@ use localdns_fallback::netlink::{Diag, Proto};
 
 const LISTENERS: [&str; 2] = ["169.254.10.10:53", "169.254.10.11:53"];
 
-/// The stand-in's own process (see `StandIn`).
-#[test]
-fn standin_process() {
-    serve_as_standin();
-}
-
 /// Closed loop, LocalDNS's own maximum rate: a client per listener keeps `window` queries in
 /// flight for `how_long` (two, not more: on this two-core machine more clients starve the
 /// stand-in of CPU, which is another failure, see the throttled test). Returns the answers by
@@ -110,6 +104,7 @@ impl Watch {
                     unshrinking = unshrinking.max(grow.map_or(Duration::ZERO, |g| now - g));
                     non_empty = non_empty.max(full.map_or(Duration::ZERO, |f| now - f));
                 }
+                // Sampling the queues every millisecond.
                 std::thread::sleep(Duration::from_millis(1));
             }
             (unshrinking, non_empty)
@@ -123,9 +118,10 @@ impl Watch {
     }
 }
 
-/// A node namespace, one upstream answering 10.0.0.1, the stand-in and the standby beside it.
-fn beside(per_address: usize) -> (Topology, Upstream, Responder, StandIn, Standby) {
-    standby_beside(|ns| StandIn::start(ns, per_address), &[])
+/// A node namespace, one upstream answering 10.0.0.1, the stand-in (a process of its own) and
+/// the standby beside it.
+fn beside(per_address: usize) -> (Topology, Upstream, Responder, LocalDns, Forwarder) {
+    standby_beside(LocalDns::with().sockets(per_address).process(), &[])
 }
 
 fn healthy(per_address: usize) {
@@ -188,14 +184,14 @@ fn a_healthy_localdns_with_four_sockets_at_its_maximum_rate_and_in_bursts_keeps_
 #[test]
 fn a_localdns_starting_under_load_is_handed_its_flows_and_keeps_them() {
     let (topo, up, _r) = node_and_upstream();
-    let f = Standby::spawn(&topo.node, &up, &[]);
+    let f = Forwarder::standby(&topo.node, &up, &[]);
     assert!(
         f.wait_for_log("serving its listeners", Duration::from_secs(10)),
         "{}",
         f.logs()
     );
     let started = Instant::now();
-    let localdns = StandIn::start(&topo.node, 1);
+    let localdns = LocalDns::with().process().start(&topo.node);
     let samples = open_loop(
         &topo.node,
         10_000,
@@ -234,6 +230,7 @@ fn a_localdns_starting_under_load_is_handed_its_flows_and_keeps_them() {
 fn hung_under_load(per_address: usize) {
     let (topo, _up, _r, localdns, f) = beside(per_address);
     let (samples, stop) = std::thread::scope(|s| {
+        // The scenario: 1.5 s of load, then LocalDNS stopped for 3 s.
         let stopper = s.spawn(|| {
             std::thread::sleep(Duration::from_millis(1500));
             let at = Instant::now();

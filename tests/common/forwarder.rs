@@ -2,7 +2,8 @@
 //! built, or on the host serving loopback addresses (no root needed).
 
 use super::client::dns_answers;
-use super::netns::Place;
+use super::metrics::Metrics;
+use super::netns::{Netns, Place, Upstream};
 use super::{LogCollector, kill_and_reap, spawn_logged};
 use nix::sys::signal::Signal;
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ pub fn forwarder_binary() -> &'static str {
 }
 
 /// Flags for a forwarder whose every upstream is `up` (both groups), then `extra`.
-pub fn upstream_args(up: &super::netns::Upstream, extra: &[&str]) -> Vec<String> {
+pub fn upstream_args(up: &Upstream, extra: &[&str]) -> Vec<String> {
     let up = up.sock_v4().to_string();
     let mut args: Vec<String> = ["--node-upstream", &up, "--cluster-upstream", &up]
         .iter()
@@ -35,6 +36,20 @@ pub struct Forwarder {
     child: Mutex<Child>,
     pid: u32,
     log: LogCollector,
+    /// Where it runs: where its metrics endpoint is reached.
+    at: Place,
+}
+
+/// How the binary is started, besides its flags and environment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Launch {
+    /// Under this many descriptors (soft and hard limit, set by `prlimit`, which then execs the
+    /// binary: the pid is the forwarder's).
+    pub nofile: Option<u64>,
+    /// Entered into its namespace by `nsenter --net`, not `ip netns exec`: it sees the host's
+    /// /sys and its cgroup mounts, as the daemon does on a node (the standby asks LocalDNS's
+    /// cgroup whether LocalDNS waits for a CPU), and not `/etc/netns/<name>`.
+    pub host_sys: bool,
 }
 
 impl Forwarder {
@@ -50,16 +65,27 @@ impl Forwarder {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Forwarder {
-        Forwarder::spawn_limited(at, args, env, None)
+        Forwarder::launch(at, args, env, Launch::default())
     }
 
-    /// As [`Forwarder::spawn_with_env`], under `nofile` descriptors (soft and hard limit, set by
-    /// `prlimit`, which then execs the binary: the pid is the forwarder's).
-    pub fn spawn_limited(
+    /// The standby in `ns` as on a node (see [`Launch::host_sys`]), every upstream `up`, logging
+    /// at debug level, with `extra` flags.
+    pub fn standby(ns: &Netns, up: &Upstream, extra: &[&str]) -> Forwarder {
+        let mut flags = vec!["--standby", "--log-level", "debug"];
+        flags.extend_from_slice(extra);
+        let launch = Launch {
+            host_sys: true,
+            ..Launch::default()
+        };
+        Forwarder::launch(ns, &upstream_args(up, &flags), &[], launch)
+    }
+
+    /// The one way the binary is started: with `args` and `env` at `at`, as `how` says.
+    pub fn launch(
         at: impl Into<Place>,
         args: &[String],
         env: &[(&str, &str)],
-        nofile: Option<u64>,
+        how: Launch,
     ) -> Forwarder {
         // Network rule: the forwarder must never discover the VNet DNS from the host's own
         // resolv.conf or DHCP leases (they name this machine's real DNS servers; `ip netns exec`
@@ -70,17 +96,27 @@ impl Forwarder {
             "a test forwarder needs --node-upstream, or --resolv-conf with --dhcp-leases: {args:?}"
         );
         let at = at.into();
-        let mut cmd = match nofile {
-            None => at.command(forwarder_binary(), args),
-            Some(n) => {
-                let mut all = vec![
+        let (prog, mut all) = match how.nofile {
+            None => (forwarder_binary().to_string(), Vec::new()),
+            Some(n) => (
+                "prlimit".to_string(),
+                vec![
                     format!("--nofile={n}:{n}"),
                     "--".into(),
                     forwarder_binary().into(),
-                ];
-                all.extend(args.iter().cloned());
-                at.command("prlimit", all)
+                ],
+            ),
+        };
+        all.extend(args.iter().cloned());
+        let mut cmd = match (&at, how.host_sys) {
+            (Place::Ns(name), true) => {
+                let mut cmd = std::process::Command::new("nsenter");
+                cmd.arg(format!("--net=/run/netns/{name}"))
+                    .arg(prog)
+                    .args(all);
+                cmd
             }
+            _ => at.command(prog, all),
         };
         if at == Place::Here {
             // Logs as plain text, whatever the environment of the test run.
@@ -92,6 +128,7 @@ impl Forwarder {
             pid: child.id(),
             child: Mutex::new(child),
             log,
+            at,
         }
     }
 
@@ -196,6 +233,30 @@ impl Forwarder {
                 self.logs()
             )
         })
+    }
+}
+
+impl Forwarder {
+    /// Where its metrics endpoint serves, from its start-up log line (the port may be the
+    /// kernel's pick). Waits up to 10 s; panics, with the logs, if it does not come up.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        let found = super::poll_until(Duration::from_secs(10), || {
+            let lines = self.log.lines();
+            let line = lines.iter().find(|l| l.contains("serving /metrics"))?;
+            let at = line.find("addr=Some(")? + "addr=Some(".len();
+            line[at..].split(')').next()?.parse().ok()
+        });
+        found.unwrap_or_else(|| panic!("no metrics endpoint came up; logs:\n{}", self.logs()))
+    }
+
+    /// One scrape of its `/metrics`, from where it runs.
+    pub fn metrics(&self) -> Metrics {
+        Metrics::fetch(&self.at, self.metrics_addr())
+    }
+
+    /// One scrape of its `/metrics` by `curl`, from where it runs.
+    pub fn curl_metrics(&self) -> Metrics {
+        Metrics::curl(&self.at, self.metrics_addr())
     }
 }
 

@@ -1,81 +1,494 @@
-//! LocalDNS's server as the fallback meets it: sockets bound the way CoreDNS binds them, and a
-//! stand-in that answers on both listeners (or, hung, answers nothing while keeping its sockets).
+//! LocalDNS as the fallback meets it, played by one stand-in ([`LocalDns`]): UDP and TCP on
+//! 169.254.10.10 and .11 port 53, every socket with SO_REUSEPORT as CoreDNS binds them,
+//! answering every query at once with no record (the fallback's answers carry one: a reply says
+//! who gave it). It runs on threads of the test (hung at will) or as a process of its own in a
+//! cgroup of its own (what the standby asks whether LocalDNS waits for a CPU; SIGSTOP hangs it as
+//! it hangs knot or CoreDNS; a CPU quota starves it). Its serving is one copy, `localdns/serve.rs`,
+//! which the stand-in program of the systemd containers (`tests/systemd/standin.rs`) runs too.
+//!
+//! Beside it: pods asking both listeners, each answer attributed ([`open_loop`], [`new_flows`]).
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+#[path = "localdns/serve.rs"]
+pub mod serve;
+
+use std::io::BufRead;
+use std::net::{SocketAddr, SocketAddrV4, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use hickory_proto::rr::RecordType;
 
-use super::netns::Netns;
+use super::client::make_query;
+use super::forwarder::Forwarder;
+use super::netns::{Netns, Place};
+use super::{kill_and_reap, kill_with_parent, poll_until, unique_name};
+use serve::{LISTENERS, Serving};
 
 /// UDP and TCP sockets on `addr` with SO_REUSEPORT, as CoreDNS binds its listeners, in the
 /// namespace the calling thread is in; blocking, as the socket calls make them.
 pub fn bind_like_coredns(addr: SocketAddr, backlog: i32) -> (UdpSocket, TcpListener) {
-    let udp = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
-    udp.set_reuse_port(true).unwrap();
-    udp.bind(&addr.into()).unwrap();
-    let tcp = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
-    tcp.set_reuse_port(true).unwrap();
-    tcp.set_reuse_address(true).unwrap();
-    tcp.bind(&addr.into()).unwrap();
-    tcp.listen(backlog).unwrap();
-    (udp.into(), tcp.into())
+    let SocketAddr::V4(v4) = addr else {
+        panic!("CoreDNS's listeners are IPv4: {addr}")
+    };
+    serve::bind_listener(v4, true, backlog)
+        .unwrap_or_else(|e| panic!("cannot bind {addr} as CoreDNS does: {e}"))
 }
 
-/// A LocalDNS stand-in in a namespace: UDP and TCP on 169.254.10.10 and .11 port 53 with
-/// SO_REUSEPORT, answering every UDP query at once with an empty NOERROR reply (no record: a
-/// reply says who gave it), unless `hung`, when it reads nothing and its sockets fill, as a
-/// stopped CoreDNS's do. Stops and joins its threads when dropped.
-pub struct LocalDnsStandIn {
-    pub hung: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+/// The stand-in program (`tests/systemd/standin.rs` with the serving it includes, plain `std`),
+/// compiled once per source version with the rustc of this toolchain into the target directory.
+pub fn standin_program() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            use std::hash::{Hash, Hasher};
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+            let src = dir.join("systemd/standin.rs");
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for file in [&src, &dir.join("common/localdns/serve.rs")] {
+                let text =
+                    std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                text.hash(&mut h);
+            }
+            let out =
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("standin-{:016x}", h.finish()));
+            if out.exists() {
+                return out;
+            }
+            // Built in a directory of this process's own and renamed: parallel test processes
+            // never run a half-written binary, and never share rustc's intermediate objects
+            // (named after the output's stem, so two builds to one directory overwrite each
+            // other's and the link finds no `main`).
+            let dir = out.with_extension(format!("build{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let tmp = dir.join("standin");
+            let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+            let built = Command::new(&rustc)
+                .args(["--edition", "2021", "-O", "-o"])
+                .arg(&tmp)
+                .arg(&src)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
+            assert!(
+                built.status.success(),
+                "{rustc} {} failed:\n{}",
+                src.display(),
+                String::from_utf8_lossy(&built.stderr)
+            );
+            std::fs::rename(&tmp, &out).unwrap();
+            let _ = std::fs::remove_dir_all(&dir);
+            out
+        })
+        .clone()
 }
 
-impl LocalDnsStandIn {
-    pub fn start(ns: &Netns) -> LocalDnsStandIn {
-        let stop = Arc::new(AtomicBool::new(false));
-        let hung = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        for l in ["169.254.10.10:53", "169.254.10.11:53"] {
-            let addr: SocketAddr = l.parse().unwrap();
-            let (udp, tcp) = ns.enter(|| bind_like_coredns(addr, 16));
-            let (stop, hung) = (stop.clone(), hung.clone());
-            threads.push(std::thread::spawn(move || {
-                let _tcp = tcp;
-                udp.set_read_timeout(Some(Duration::from_millis(5)))
-                    .unwrap();
-                let mut buf = [0u8; 512];
-                while !stop.load(Ordering::Relaxed) {
-                    if hung.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(5));
-                        continue;
-                    }
-                    if let Ok((n, from)) = udp.recv_from(&mut buf) {
-                        if n >= 12 {
-                            buf[2] |= 0x80;
-                            let _ = udp.send_to(&buf[..n], from);
-                        }
-                    }
-                }
-            }));
-        }
-        LocalDnsStandIn {
-            hung,
-            stop,
-            threads,
+/// How a [`LocalDns`] is made; see [`LocalDns::with`].
+#[derive(Clone, Copy, Debug)]
+pub struct LocalDnsOptions {
+    sockets: usize,
+    cost: Duration,
+    process: bool,
+}
+
+impl LocalDnsOptions {
+    /// `n` UDP and TCP sockets on each listener, a thread each (CoreDNS has one; knot, unbound
+    /// or a CoreDNS with `reuseport` more). One unless given.
+    pub fn sockets(mut self, n: usize) -> LocalDnsOptions {
+        self.sockets = n;
+        self
+    }
+
+    /// `cost` of CPU spent on each answer besides the socket calls; implies a process of its
+    /// own (a cost matters under a CPU quota, which only a process of its own can be given).
+    pub fn cost(mut self, cost: Duration) -> LocalDnsOptions {
+        self.cost = cost;
+        self.process = true;
+        self
+    }
+
+    /// A process of its own in a cgroup of its own, as LocalDNS's unit runs it: what the standby
+    /// sees when it asks who owns the sockets, what [`LocalDns::signal`] and
+    /// [`LocalDns::throttle`] act on.
+    pub fn process(mut self) -> LocalDnsOptions {
+        self.process = true;
+        self
+    }
+
+    /// Binds in `ns` and serves; returns once every socket is bound.
+    pub fn start(self, ns: &Netns) -> LocalDns {
+        if self.process {
+            LocalDns::spawn(ns, self)
+        } else {
+            LocalDns::on_threads(ns, self)
         }
     }
 }
 
-impl Drop for LocalDnsStandIn {
+/// The stand-in LocalDNS (see the module's doc). Dropping it closes its sockets: on threads it
+/// stops and joins them; a process is killed and its cgroups removed.
+pub struct LocalDns {
+    serving: Arc<Serving>,
+    threads: Vec<JoinHandle<()>>,
+    /// Bound and never accepted (on threads; nothing asks the stand-in over TCP there).
+    _tcp: Vec<TcpListener>,
+    process: Option<Process>,
+    /// Probe questions answered so far.
+    probes: Arc<AtomicUsize>,
+    /// The inodes of its UDP sockets, as sock_diag names them.
+    pub inodes: Vec<u64>,
+}
+
+struct Process {
+    child: Child,
+    cgroups: Vec<PathBuf>,
+    /// The cgroup v1 cpu controller's group it was moved to, if throttled there.
+    cpu_v1: Option<PathBuf>,
+}
+
+impl LocalDns {
+    /// One socket per listener on threads of the test, answering at once.
+    pub fn start(ns: &Netns) -> LocalDns {
+        LocalDns::with().start(ns)
+    }
+
+    /// Options, from one socket per listener on threads of the test, answering at once.
+    pub fn with() -> LocalDnsOptions {
+        LocalDnsOptions {
+            sockets: 1,
+            cost: Duration::ZERO,
+            process: false,
+        }
+    }
+
+    fn on_threads(ns: &Netns, options: LocalDnsOptions) -> LocalDns {
+        let serving = Arc::new(Serving {
+            interruptible: true,
+            ..Serving::default()
+        });
+        let (mut threads, mut tcp, mut inodes) = (Vec::new(), Vec::new(), Vec::new());
+        for ip in LISTENERS {
+            for _ in 0..options.sockets {
+                let (udp, listener) =
+                    ns.enter(|| bind_like_coredns(SocketAddrV4::new(ip, 53).into(), 16));
+                inodes.push(serve::inode(&udp));
+                tcp.push(listener);
+                let serving = serving.clone();
+                threads.push(std::thread::spawn(move || serve::serve_udp(udp, serving)));
+            }
+        }
+        LocalDns {
+            probes: Arc::new(AtomicUsize::new(0)),
+            serving,
+            threads,
+            _tcp: tcp,
+            process: None,
+            inodes,
+        }
+    }
+
+    fn spawn(ns: &Netns, options: LocalDnsOptions) -> LocalDns {
+        let cgroup = localdns_fallback::standby::owners::cgroup_root()
+            .join(format!("lf-standin-{}", unique_name()));
+        std::fs::create_dir(&cgroup)
+            .unwrap_or_else(|e| panic!("cannot make {}: {e}", cgroup.display()));
+        let sockets = options.sockets.to_string();
+        let cost = options.cost.as_micros().to_string();
+        let mut cmd = ns.exec(
+            standin_program(),
+            [
+                "serve",
+                "--for-test",
+                "--delay-ms",
+                "0",
+                "--sockets",
+                &sockets,
+                "--cost-us",
+                &cost,
+            ],
+        );
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        kill_with_parent(&mut cmd);
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the stand-in ({cmd:?}): {e}"));
+        let stdout = child.stdout.take().expect("piped");
+        let pid = child.id();
+        // Owned from here, so that a failed start still kills it and removes its cgroup.
+        let mut localdns = LocalDns {
+            serving: Arc::default(),
+            threads: Vec::new(),
+            _tcp: Vec::new(),
+            process: Some(Process {
+                child,
+                cgroups: vec![cgroup.clone()],
+                cpu_v1: None,
+            }),
+            probes: Arc::new(AtomicUsize::new(0)),
+            inodes: Vec::new(),
+        };
+        // Into its cgroup before it makes a socket (`ip netns exec` gives it a /sys of its own,
+        // without the cgroup mounts); then it may bind.
+        std::fs::write(cgroup.join("cgroup.procs"), pid.to_string()).unwrap();
+        let process = localdns.process.as_mut().expect("just made");
+        std::io::Write::write_all(process.child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+        let mut out = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        while !line.starts_with("ready") {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the stand-in ended before it was ready"
+            );
+        }
+        localdns.inodes = line
+            .split_whitespace()
+            .skip(1)
+            .map(|i| i.parse().unwrap())
+            .collect();
+        // Its report of each probe answered, read from here on.
+        let probes = localdns.probes.clone();
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                if line == "probe" {
+                    probes.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        localdns
+    }
+
+    fn process(&self) -> &Process {
+        self.process
+            .as_ref()
+            .expect("a stand-in started with .process()")
+    }
+
+    /// Stops reading (true) or reads again (false): on threads only (a process is stopped by
+    /// [`LocalDns::signal`]).
+    pub fn hang(&self, hung: bool) {
+        assert!(
+            self.process.is_none(),
+            "a stand-in process is hung by SIGSTOP"
+        );
+        self.serving.hung.store(hung, Ordering::Relaxed);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process().child.id()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, sig).unwrap_or_else(|e| panic!("{sig} to the stand-in: {e}"));
+    }
+
+    /// Puts the stand-in under a CPU quota of `quota` every 100 ms, or lifts it (None): cgroup
+    /// v1's cpu controller where it has one (then the v2 hierarchy beside it has none), else
+    /// v2's cpu.max.
+    pub fn throttle(&mut self, quota: Option<Duration>) {
+        let pid = self.pid();
+        let process = self
+            .process
+            .as_mut()
+            .expect("a stand-in started with .process()");
+        let v1 = Path::new("/sys/fs/cgroup/cpu");
+        if v1.join("cpu.cfs_quota_us").exists() {
+            if process.cpu_v1.is_none() {
+                let dir = v1.join(format!("lf-standin-{}", unique_name()));
+                std::fs::create_dir(&dir).unwrap();
+                process.cgroups.push(dir.clone());
+                std::fs::write(dir.join("cpu.cfs_period_us"), "100000").unwrap();
+                std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+                process.cpu_v1 = Some(dir);
+            }
+            let us = quota.map_or("-1".to_string(), |q| q.as_micros().to_string());
+            let dir = process.cpu_v1.as_ref().unwrap();
+            std::fs::write(dir.join("cpu.cfs_quota_us"), us).unwrap();
+        } else {
+            let us = quota.map_or("max".to_string(), |q| q.as_micros().to_string());
+            std::fs::write(process.cgroups[0].join("cpu.max"), format!("{us} 100000")).unwrap();
+        }
+    }
+
+    /// Probe questions (`health-check.localdns.local`) answered so far, on either listener.
+    pub fn probes(&self) -> usize {
+        match self.process {
+            Some(_) => self.probes.load(Ordering::Relaxed),
+            None => self.serving.probes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits until `standby` stands by and has had `rounds` rounds of its probe answered since
+    /// (both listeners each): it has seen this LocalDNS serve. Panics, with its logs, after
+    /// `timeout`.
+    pub fn wait_stood_by(&self, standby: &Forwarder, rounds: usize, timeout: Duration) {
+        assert!(
+            standby.wait_for_log("standing by", timeout),
+            "not standing by:\n{}",
+            standby.logs()
+        );
+        let from = self.probes();
+        assert!(
+            poll_until(timeout, || (self.probes() >= from + 2 * rounds)
+                .then_some(()))
+            .is_some(),
+            "the standby's probe was answered {} times in {timeout:?}:\n{}",
+            self.probes() - from,
+            standby.logs()
+        );
+    }
+}
+
+impl Drop for LocalDns {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.serving.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        if let Some(p) = &mut self.process {
+            kill_and_reap(&mut p.child);
+            for c in p.cgroups.iter().rev() {
+                let _ = std::fs::remove_dir(c);
+            }
+        }
     }
+}
+
+/// One query: when it was sent, and when and by whom it was answered.
+#[derive(Clone, Copy)]
+pub struct Sample {
+    pub sent: Instant,
+    pub answered: Option<(Instant, By)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum By {
+    LocalDns,
+    Standby,
+}
+
+/// Who gave `reply`: one with a record is the upstream's (through the standby), one without the
+/// stand-in LocalDNS's.
+fn by(reply: &[u8]) -> By {
+    match reply.len() > 7 && reply[7] > 0 {
+        true => By::Standby,
+        false => By::LocalDns,
+    }
+}
+
+const CLIENT_SOCKETS: usize = 16;
+
+/// One client socket's answers, by query ID.
+type Answers = Arc<Mutex<Vec<Option<(Instant, By)>>>>;
+
+fn listeners() -> [SocketAddr; 2] {
+    LISTENERS.map(|ip| SocketAddrV4::new(ip, 53).into())
+}
+
+/// Pods' queries from the node namespace: `rate` a second (open loop: a late answer holds
+/// nothing back), alternating the listeners, for `how_long`; answers are awaited `linger` more.
+pub fn open_loop(ns: &Netns, rate: u32, how_long: Duration, linger: Duration) -> Vec<Sample> {
+    let sockets: Vec<Arc<UdpSocket>> = (0..CLIENT_SOCKETS)
+        .map(|_| Arc::new(ns.enter(|| UdpSocket::bind("0.0.0.0:0").unwrap())))
+        .collect();
+    let total = (rate as f64 * how_long.as_secs_f64()) as usize;
+    let per_socket = total.div_ceil(CLIENT_SOCKETS);
+    assert!(per_socket < 65536, "IDs run out");
+    let start = Instant::now();
+    let end = start + how_long + linger;
+    let answers: Vec<Answers> = (0..CLIENT_SOCKETS)
+        .map(|_| Arc::new(Mutex::new(vec![None; per_socket])))
+        .collect();
+    let receivers: Vec<JoinHandle<()>> = sockets
+        .iter()
+        .zip(&answers)
+        .map(|(s, a)| {
+            let (s, a) = (s.clone(), a.clone());
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+                let mut buf = [0u8; 512];
+                while Instant::now() < end {
+                    let Ok(n) = s.recv(&mut buf) else { continue };
+                    if n < 12 {
+                        continue;
+                    }
+                    let id = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+                    if let Some(slot) = a.lock().unwrap().get_mut(id) {
+                        slot.get_or_insert((Instant::now(), by(&buf[..n])));
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut query = make_query("a.example.", RecordType::A, 0, None);
+    let mut sent = vec![vec![start; per_socket]; CLIENT_SOCKETS];
+    let targets = listeners();
+    for i in 0..per_socket * CLIENT_SOCKETS {
+        // Pacing the load: each query leaves at its time.
+        let due = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
+        let now = Instant::now();
+        if due > now + Duration::from_micros(300) {
+            std::thread::sleep(due - now);
+        }
+        let (k, id) = (i % CLIENT_SOCKETS, i / CLIENT_SOCKETS);
+        query[..2].copy_from_slice(&(id as u16).to_be_bytes());
+        sent[k][id] = Instant::now();
+        let _ = sockets[k].send_to(&query, targets[id % 2]);
+    }
+    for r in receivers {
+        r.join().unwrap();
+    }
+    let mut samples = Vec::new();
+    for (k, a) in answers.iter().enumerate() {
+        let a = a.lock().unwrap();
+        for id in 0..per_socket {
+            samples.push(Sample {
+                sent: sent[k][id],
+                answered: a[id],
+            });
+        }
+    }
+    samples.sort_by_key(|s| s.sent);
+    samples
+}
+
+/// Pods asking both listeners every `every`, each query from a new socket (a new flow) waiting up
+/// to `wait`, for `how_long`. A query that cannot be sent (no route while the addresses are on
+/// no interface) is unanswered, as it is for a pod.
+pub fn new_flows(
+    ns: &Netns,
+    every: Duration,
+    wait: Duration,
+    how_long: Duration,
+) -> JoinHandle<Vec<Sample>> {
+    let at = Place::from(ns);
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let mut askers = Vec::new();
+        let mut id = 0u16;
+        while started.elapsed() < how_long {
+            for to in listeners() {
+                id = id.wrapping_add(1);
+                let query = make_query("a.example.", RecordType::A, id, None);
+                let at = at.clone();
+                let sent = Instant::now();
+                askers.push(std::thread::spawn(move || {
+                    let reply = super::client::udp_exchange(at, to, &query, wait);
+                    Sample {
+                        sent,
+                        answered: reply.map(|r| (Instant::now(), by(&r))),
+                    }
+                }));
+            }
+            // Pacing the pods: a query every `every`.
+            std::thread::sleep(every);
+        }
+        let mut samples: Vec<Sample> = askers.into_iter().map(|t| t.join().unwrap()).collect();
+        samples.sort_by_key(|s| s.sent);
+        samples
+    })
 }

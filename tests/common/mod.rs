@@ -15,11 +15,11 @@ pub mod figure;
 pub mod forwarder;
 pub mod hostile;
 pub mod localdns;
+pub mod metrics;
 pub mod netns;
 pub mod responder;
 pub mod rig;
 pub mod servers;
-pub mod standin;
 
 // Re-exports for `use common::*`; a binary that uses none of a module's items
 // would otherwise warn.
@@ -34,6 +34,8 @@ pub use hostile::*;
 #[allow(unused_imports)]
 pub use localdns::*;
 #[allow(unused_imports)]
+pub use metrics::*;
+#[allow(unused_imports)]
 pub use netns::*;
 #[allow(unused_imports)]
 pub use responder::*;
@@ -41,8 +43,6 @@ pub use responder::*;
 pub use rig::*;
 #[allow(unused_imports)]
 pub use servers::*;
-#[allow(unused_imports)]
-pub use standin::*;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

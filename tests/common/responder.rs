@@ -1,5 +1,6 @@
 //! The test kit's one scriptable DNS server: every stand-in upstream (kube-dns, the VNet DNS, a
-//! CoreDNS that truncates, a LocalDNS sharing the listener ports) is this responder in a mode.
+//! CoreDNS that truncates) is this responder in a mode. (LocalDNS is played by
+//! [`super::localdns::LocalDns`].)
 //!
 //! It serves UDP and TCP (2-byte length framing, several queries per
 //! connection) on one address at a [`Place`]: a loopback address of the host,
@@ -159,20 +160,15 @@ pub struct Responder {
     workers: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
-/// Binds the responder's sockets where the caller runs (`where_` names it for errors). With
-/// `reuse_port` both sockets join the port's SO_REUSEPORT group, as CoreDNS binds them.
+/// Binds the responder's sockets where the caller runs (`where_` names it for errors).
 fn bind(
     addr: SocketAddr,
     mode: &Mode,
     where_: &str,
-    reuse_port: bool,
 ) -> (UdpSocket, TcpListener, Option<SpoofSockets>) {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = |ty: Type, proto: Protocol| -> std::io::Result<Socket> {
         let s = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
-        if reuse_port {
-            s.set_reuse_port(true)?;
-        }
         if ty == Type::STREAM {
             s.set_reuse_address(true)?;
         }
@@ -224,18 +220,9 @@ impl Responder {
     ///
     /// [`addr`]: Responder::addr
     pub fn start(at: impl Into<Place>, addr: SocketAddr, mode: Mode) -> Responder {
-        Responder::start_bound(at.into(), addr, mode, false)
-    }
-
-    /// As [`Responder::start`], sharing the port with SO_REUSEPORT: a second server on a port
-    /// another one already serves, as LocalDNS joins the fallback's listeners.
-    pub fn start_shared(at: impl Into<Place>, addr: SocketAddr, mode: Mode) -> Responder {
-        Responder::start_bound(at.into(), addr, mode, true)
-    }
-
-    fn start_bound(at: Place, addr: SocketAddr, mode: Mode, reuse_port: bool) -> Responder {
+        let at = at.into();
         let where_ = at.describe();
-        let (udp, tcp, spoof) = at.enter(|| bind(addr, &mode, &where_, reuse_port));
+        let (udp, tcp, spoof) = at.enter(|| bind(addr, &mode, &where_));
         Responder::serve(udp, tcp, spoof, mode)
     }
 

@@ -9,7 +9,8 @@
 //!   Fails loudly when not root.
 
 use super::client::{DigResult, dig_to, kdig_to};
-use super::forwarder::Forwarder;
+use super::forwarder::{Forwarder, Launch};
+use super::localdns::{LocalDns, LocalDnsOptions};
 use super::netns::{LOCALDNS_10, LOCALDNS_11, Netns, Place, Topology, Upstream, dns53};
 use super::responder::{Mode, Responder};
 use super::{require_root_and_tools, require_tools};
@@ -200,7 +201,11 @@ impl RigBuilder {
         } else {
             loopback_forwarder_args(&node_ups, &cluster_ups, &flags)
         };
-        let fwd = Forwarder::spawn_limited(&at, &args, &[], self.nofile);
+        let launch = Launch {
+            nofile: self.nofile,
+            ..Launch::default()
+        };
+        let fwd = Forwarder::launch(&at, &args, &[], launch);
         let (node, cluster) = match topo {
             Some(_) => (dns53(LOCALDNS_10), dns53(LOCALDNS_11)),
             None => (
@@ -322,4 +327,18 @@ pub fn node_and_upstream() -> (Topology, Upstream, Responder) {
         },
     );
     (topo, up, r)
+}
+
+/// A node namespace, one upstream answering 10.0.0.1, the stand-in LocalDNS `localdns` makes, and
+/// the standby beside it ([`Forwarder::standby`], with `args`), standing by and having seen the
+/// stand-in answer its probe.
+pub fn standby_beside(
+    localdns: LocalDnsOptions,
+    args: &[&str],
+) -> (Topology, Upstream, Responder, LocalDns, Forwarder) {
+    let (topo, up, r) = node_and_upstream();
+    let localdns = localdns.start(&topo.node);
+    let f = Forwarder::standby(&topo.node, &up, args);
+    localdns.wait_stood_by(&f, 2, Duration::from_secs(10));
+    (topo, up, r, localdns, f)
 }

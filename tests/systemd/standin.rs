@@ -1,24 +1,26 @@
-//! Test tools run inside the systemd test containers, in one file of plain `std` Rust (the test
-//! compiles it with rustc: the containers have no Python, and dnsmasq cannot share a port).
+//! The stand-in LocalDNS as a program of its own and the pods' prober, in plain `std` Rust (the
+//! kit compiles it with rustc, `common::localdns::standin_program`: the systemd containers have
+//! no Python, and dnsmasq cannot share a port). Its serving is the kit's own
+//! (`tests/common/localdns/serve.rs`), the same the stand-in on the test's threads runs.
 //!
-//!   standin serve [--no-reuseport] [--delay-ms N] NAME=IP...
+//!   standin serve [--no-reuseport] [--delay-ms N] [--sockets N] [--cost-us N] [--for-test] NAME=IP...
 //!       The stand-in LocalDNS's CoreDNS: binds UDP and TCP port 53 on 169.254.10.10 and .11 at
-//!       once (with SO_REUSEPORT, like CoreDNS, unless --no-reuseport), reads nothing for N ms
-//!       (CoreDNS's start-up; default 1000), then answers A queries for the NAMEs with their IP
-//!       (TTL 0; any other name NXDOMAIN) and sends READY=1 to $NOTIFY_SOCKET. Exits 1 when it
-//!       cannot bind.
+//!       once, --sockets of each per address (default 1; with SO_REUSEPORT, like CoreDNS, unless
+//!       --no-reuseport), reads nothing for N ms (CoreDNS's start-up; default 1000), then answers
+//!       A queries for the NAMEs with their IP (TTL 0; any other name NXDOMAIN; with no NAME,
+//!       every name NOERROR and no record), spending --cost-us of CPU on each, and sends READY=1
+//!       to $NOTIFY_SOCKET. Exits 1 when it cannot bind. --for-test: waits for a line on stdin
+//!       before it binds (the test moves it into a cgroup first), then prints `ready INODE...`
+//!       (its UDP sockets) and `probe` for each probe question it answers.
 //!   standin probe OUT [--every-ms N] [--timeout-ms N] SERVER=NAME...
 //!       The pods' view: every N ms (default 20) asks each SERVER for its NAME from a new socket
 //!       (a new flow, as a pod's resolver makes), waits at most --timeout-ms (default 100), and
 //!       appends `SENT_US DONE_US SERVER=NAME ANSWER` to OUT (CLOCK_MONOTONIC µs, ANSWER the first A
 //!       record or `-`). Runs until OUT.stop exists.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket};
-use std::os::fd::FromRawFd;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
-
-const LISTENERS: [Ipv4Addr; 2] = [Ipv4Addr::new(169, 254, 10, 10), Ipv4Addr::new(169, 254, 10, 11)];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,75 +36,26 @@ fn main() {
 
 // ---- the stand-in CoreDNS ----------------------------------------------------------------------
 
-unsafe extern "C" {
-    fn socket(domain: i32, ty: i32, protocol: i32) -> i32;
-    fn setsockopt(fd: i32, level: i32, name: i32, value: *const i32, len: u32) -> i32;
-    fn bind(fd: i32, addr: *const SockaddrIn, len: u32) -> i32;
-    fn listen(fd: i32, backlog: i32) -> i32;
-    fn close(fd: i32) -> i32;
-}
+#[path = "../common/localdns/serve.rs"]
+mod serving;
 
-#[repr(C)]
-struct SockaddrIn {
-    family: u16,
-    port: u16,
-    addr: [u8; 4],
-    zero: [u8; 8],
-}
-
-const AF_INET: i32 = 2;
-const SOCK_STREAM: i32 = 1;
-const SOCK_DGRAM: i32 = 2;
-const SOCK_CLOEXEC: i32 = 0o2000000;
-const SOL_SOCKET: i32 = 1;
-const SO_REUSEADDR: i32 = 2;
-const SO_REUSEPORT: i32 = 15;
-
-/// A socket bound to `addr`:53, with SO_REUSEPORT if asked; the OS error otherwise.
-fn bound(addr: Ipv4Addr, ty: i32, reuseport: bool) -> std::io::Result<i32> {
-    // SAFETY: plain syscalls on a descriptor this function owns; closed on every error path.
-    unsafe {
-        let fd = socket(AF_INET, ty | SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let one = 1i32;
-        let mut rc = 0;
-        if ty == SOCK_STREAM {
-            rc |= setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, 4);
-        }
-        if reuseport {
-            rc |= setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, 4);
-        }
-        let sa = SockaddrIn {
-            family: AF_INET as u16,
-            port: 53u16.to_be(),
-            addr: addr.octets(),
-            zero: [0; 8],
-        };
-        if rc != 0 || bind(fd, &sa, std::mem::size_of::<SockaddrIn>() as u32) != 0 {
-            let e = std::io::Error::last_os_error();
-            close(fd);
-            return Err(e);
-        }
-        if ty == SOCK_STREAM && listen(fd, 128) != 0 {
-            let e = std::io::Error::last_os_error();
-            close(fd);
-            return Err(e);
-        }
-        Ok(fd)
-    }
-}
+use serving::{LISTENERS, Serving, question};
 
 fn serve(args: &[String]) {
     let mut reuseport = true;
     let mut delay = Duration::from_millis(1000);
+    let mut sockets = 1;
+    let mut cost = Duration::ZERO;
+    let mut for_test = false;
     let mut records: Vec<(String, Ipv4Addr)> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--no-reuseport" => reuseport = false,
             "--delay-ms" => delay = Duration::from_millis(num(it.next())),
+            "--sockets" => sockets = num(it.next()),
+            "--cost-us" => cost = Duration::from_micros(num(it.next())),
+            "--for-test" => for_test = true,
             rec => {
                 let (name, ip) = rec.split_once('=').expect("NAME=IP");
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
@@ -110,16 +63,23 @@ fn serve(args: &[String]) {
             }
         }
     }
-    let records = std::sync::Arc::new(records);
-    let mut udp = Vec::new();
-    let mut tcp = Vec::new();
+    if for_test {
+        // Moved into its cgroup by the test before it makes a socket.
+        std::io::stdin().read_line(&mut String::new()).expect("the go line");
+    }
+    let serving = std::sync::Arc::new(Serving {
+        records,
+        cost,
+        report_probes: for_test,
+        ..Serving::default()
+    });
+    let mut bound = Vec::new();
     for addr in LISTENERS {
-        for (ty, out) in [(SOCK_DGRAM, &mut udp), (SOCK_STREAM, &mut tcp)] {
-            match bound(addr, ty, reuseport) {
-                Ok(fd) => out.push(fd),
+        for _ in 0..sockets {
+            match serving::bind_listener(SocketAddrV4::new(addr, 53), reuseport, 128) {
+                Ok(pair) => bound.push(pair),
                 Err(e) => {
-                    let proto = if ty == SOCK_DGRAM { "udp" } else { "tcp" };
-                    eprintln!("stand-in CoreDNS: listen {proto} {addr}:53: bind: {e}");
+                    eprintln!("stand-in CoreDNS: listen {addr}:53: bind: {e}");
                     std::process::exit(1);
                 }
             }
@@ -131,50 +91,22 @@ fn serve(args: &[String]) {
         if reuseport { "on" } else { "off" }
     );
     std::thread::sleep(delay);
+    let inodes: Vec<String> = bound
+        .iter()
+        .map(|(udp, _)| serving::inode(udp).to_string())
+        .collect();
     let mut threads = Vec::new();
-    for fd in udp {
-        // SAFETY: `bound` returned an open UDP socket that nothing else owns.
-        let socket = unsafe { UdpSocket::from_raw_fd(fd) };
-        let records = records.clone();
-        threads.push(std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            loop {
-                let Ok((n, from)) = socket.recv_from(&mut buf) else { continue };
-                if let Some(reply) = answer(&buf[..n], &records) {
-                    let _ = socket.send_to(&reply, from);
-                }
-            }
-        }));
-    }
-    for fd in tcp {
-        // SAFETY: `bound` returned an open listening TCP socket that nothing else owns.
-        let listener = unsafe { TcpListener::from_raw_fd(fd) };
-        let records = records.clone();
-        threads.push(std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let records = records.clone();
-                std::thread::spawn(move || {
-                    let mut conn = conn;
-                    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-                    let mut len = [0u8; 2];
-                    while conn.read_exact(&mut len).is_ok() {
-                        let mut q = vec![0u8; u16::from_be_bytes(len) as usize];
-                        if conn.read_exact(&mut q).is_err() {
-                            return;
-                        }
-                        let Some(reply) = answer(&q, &records) else { return };
-                        let mut out = (reply.len() as u16).to_be_bytes().to_vec();
-                        out.extend_from_slice(&reply);
-                        if conn.write_all(&out).is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        }));
+    for (udp, tcp) in bound {
+        let s = serving.clone();
+        threads.push(std::thread::spawn(move || serving::serve_udp(udp, s)));
+        let s = serving.clone();
+        threads.push(std::thread::spawn(move || serving::serve_tcp(tcp, s)));
     }
     notify("READY=1\nSTATUS=serving 169.254.10.10 and 169.254.10.11");
     eprintln!("stand-in CoreDNS: serving");
+    if for_test {
+        println!("ready {}", inodes.join(" "));
+    }
     for t in threads {
         let _ = t.join();
     }
@@ -193,41 +125,6 @@ fn notify(state: &str) {
     if let Err(e) = sent {
         eprintln!("stand-in CoreDNS: sd_notify: {e}");
     }
-}
-
-/// The question's name, lower case, without the final dot, and where the question ends.
-fn question(q: &[u8]) -> Option<(String, usize)> {
-    if q.len() < 12 || u16::from_be_bytes([q[4], q[5]]) != 1 {
-        return None;
-    }
-    let mut at = 12;
-    let mut labels = Vec::new();
-    loop {
-        let len = *q.get(at)? as usize;
-        at += 1;
-        if len == 0 {
-            break;
-        }
-        labels.push(String::from_utf8_lossy(q.get(at..at + len)?).to_ascii_lowercase());
-        at += len;
-    }
-    (q.len() >= at + 4).then(|| (labels.join("."), at + 4))
-}
-
-fn answer(q: &[u8], records: &[(String, Ipv4Addr)]) -> Option<Vec<u8>> {
-    let (name, end) = question(q)?;
-    let qtype = u16::from_be_bytes([q[end - 4], q[end - 3]]);
-    let hit = records.iter().find(|(n, _)| *n == name).map(|(_, ip)| *ip);
-    let mut r = q[..end].to_vec();
-    r[2] = 0x80 | (q[2] & 0x01) | 0x04; // QR, RD copied, AA
-    r[3] = 0x80 | if hit.is_some() { 0 } else { 3 }; // RA; NOERROR or NXDOMAIN
-    r[6..12].copy_from_slice(&[0, 0, 0, 0, 0, 0]);
-    if let (Some(ip), 1) = (hit, qtype) {
-        r[7] = 1;
-        r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
-        r.extend_from_slice(&ip.octets());
-    }
-    Some(r)
 }
 
 // ---- the prober ---------------------------------------------------------------------------------
