@@ -65,7 +65,7 @@ pub const UNREAD_FOR: Duration = Duration::from_millis(30);
 /// paused (a VM's CPU quota at its host stops every CPU for tens of milliseconds at a time) or
 /// starved it. LocalDNS was stopped as long, so that time is no evidence of a hang: a stall is
 /// timed afresh from such a look (seen on this VM: 29 ms pauses every 100 ms under a parallel
-/// build, each taken for an unread queue before this).
+/// build, each taken for an unread queue before this), and such a probe round asked again.
 pub const LATE: Duration = Duration::from_millis(10);
 /// The least time between two looks for pods' queries that reached the standby (see
 /// [`Flows::stray`]): a steering that cannot be mended costs at most 100 dumps a second.
@@ -183,7 +183,7 @@ pub enum Out {
 /// What the threads of the processes holding LocalDNS's suspect sockets are doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Owners {
-    /// A thread running or waiting for a CPU (state R).
+    /// A thread running or waiting for a CPU (state R), or for the machine (D).
     Runnable,
     /// Every thread stopped (state T: SIGSTOP).
     Stopped,
@@ -215,6 +215,8 @@ pub struct Flows {
     silent: u32,
     answered: u32,
     asking: bool,
+    /// The last round timed out late and was asked again (see [`Flows::timed_out`]).
+    late_round: bool,
     next_ask: Instant,
     next_look: Instant,
     /// LocalDNS's sockets at the last look, by inode.
@@ -255,6 +257,7 @@ impl Flows {
             silent: 0,
             answered: 0,
             asking: false,
+            late_round: false,
             next_ask: now,
             next_look: now,
             watched: Vec::new(),
@@ -326,6 +329,7 @@ impl Flows {
     /// A probe round ended at `now`: LocalDNS answered on both listeners, or not.
     pub fn asked(&mut self, now: Instant, answered: bool) {
         self.asking = false;
+        self.late_round = false;
         if answered {
             self.silent = 0;
             self.answered += 1;
@@ -346,6 +350,18 @@ impl Flows {
             Holder::LocalDns => self.next_ask = now,
             Holder::Fallback => {}
         }
+    }
+
+    /// A probe round's wait ran out at `now`, `late` after it was due. A standby that did not
+    /// run at the round's end tells that the machine stopped (see [`LATE`]), LocalDNS with it:
+    /// that round is asked again rather than counted silent, once in a row.
+    pub fn timed_out(&mut self, now: Instant, late: Duration) {
+        if late > LATE && !std::mem::replace(&mut self.late_round, true) {
+            self.asking = false;
+            self.next_ask = now;
+            return;
+        }
+        self.asked(now, false);
     }
 
     /// A socket the flows were taken from is still LocalDNS's: the same process.

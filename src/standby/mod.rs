@@ -268,19 +268,18 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         }
         if let Some(end) = round {
             let read = prober.read();
-            if let Some(verdict) = read.or((now >= end).then_some(Seen::Silent)) {
-                if verdict == Seen::Silent {
-                    let queued: Vec<u32> = seen.iter().map(|(q, _)| q.queued).collect();
-                    let late = now.saturating_duration_since(end);
-                    tracing::debug!(
-                        refused = read.is_some(),
-                        ?late,
-                        ?queued,
-                        "probe round silent"
-                    );
-                }
+            if read.is_some() || now >= end {
                 round = None;
-                flows.asked(now, verdict == Seen::Serving);
+                let late = now.saturating_duration_since(end);
+                if read != Some(Seen::Serving) {
+                    let queued: Vec<u32> = seen.iter().map(|(q, _)| q.queued).collect();
+                    let refused = read.is_some();
+                    tracing::debug!(refused, ?late, ?queued, "probe round silent");
+                }
+                match read {
+                    Some(verdict) => flows.asked(now, verdict == Seen::Serving),
+                    None => flows.timed_out(now, late),
+                }
             }
         }
     }

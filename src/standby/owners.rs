@@ -4,7 +4,9 @@
 use crate::flows::Owners;
 
 /// What the processes that made sockets of `cgroups` do: a thread running or waiting for a CPU
-/// (state R: its unread queue is starvation or its slice's CPU quota, not a hang), every thread
+/// (state R: its unread queue is starvation or its slice's CPU quota, not a hang) or for the
+/// machine (D: a page fault under memory pressure, a disk read; the probe judges one that lasts),
+/// every thread
 /// stopped (T: SIGSTOP), or else asleep. Found through the sockets' cgroups (v2; a cgroup id is
 /// its directory's inode number), whose threads anyone may list and whose states anyone may
 /// read: the standby keeps no capability to look into another process's descriptors. `paths`
@@ -33,7 +35,7 @@ pub fn owners(cgroups: &[u64], paths: &mut Vec<(u64, std::path::PathBuf)>) -> Ow
             }
         }
     }
-    if states.contains(&'R') {
+    if states.iter().any(|&c| c == 'R' || c == 'D') {
         Owners::Runnable
     } else if !states.is_empty() && states.iter().all(|&c| c == 'T' || c == 't') {
         Owners::Stopped

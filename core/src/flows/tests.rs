@@ -1189,3 +1189,43 @@ fn a_stray_makes_its_one_look_a_dump_and_holding_makes_every_look_one() {
     assert_eq!(dumps(&mut f, t0), [true]);
     assert_eq!(dumps(&mut f, t0 + LOOK_EVERY), [true]);
 }
+
+/// Rounds a LocalDNS that never answers is asked before the take, the wait of round `i` running
+/// out `late[i]` past its end (the last entry repeats).
+fn rounds_to_take(late: &[Duration]) -> usize {
+    let t0 = Instant::now();
+    let mut f = Flows::new(t0, None);
+    let (mut t, mut rounds) = (t0, 0);
+    for _ in 0..1000 {
+        while let Some(o) = f.poll(t) {
+            match o {
+                Out::Ask => {
+                    let l = late[rounds.min(late.len() - 1)];
+                    rounds += 1;
+                    t += WAIT + l;
+                    f.timed_out(t, l);
+                }
+                Out::Look { .. } => f.looked(t, &[], true),
+                Out::Take(why) => {
+                    assert_eq!(why, Cause::SilentProbe);
+                    return rounds;
+                }
+                _ => {}
+            }
+        }
+        t = t.max(f.deadline());
+    }
+    panic!("a LocalDNS silent to {} rounds not taken", rounds);
+}
+
+#[test]
+fn a_silent_round_judged_late_is_asked_again_once_and_the_take_stays_bounded() {
+    let (on_time, late) = (Duration::from_millis(9), Duration::from_millis(50));
+    assert_eq!(rounds_to_take(&[Duration::ZERO]), 2);
+    assert_eq!(rounds_to_take(&[on_time]), 2);
+    // The machine stopped at the first round's end: that round proves nothing.
+    assert_eq!(rounds_to_take(&[late, Duration::ZERO]), 3);
+    // Stopped at every round's end: each other one counts, so a LocalDNS silent on a machine
+    // that keeps stopping is still taken, at twice the rounds.
+    assert_eq!(rounds_to_take(&[late]), 2 * ROUNDS_TO_ACT as usize);
+}
