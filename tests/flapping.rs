@@ -26,7 +26,7 @@ const STARVED_BACK_WITHIN: Duration = Duration::from_secs(12);
 /// spending `cost` of CPU on each answer) and the standby with its metrics, standing by.
 fn beside(cost: Duration) -> (Topology, Upstream, Responder, LocalDns, Forwarder) {
     standby_beside(
-        LocalDns::with().sockets(4).cost(cost).process(),
+        LocalDns::with().sockets(4).cost(cost),
         &["--metrics", METRICS],
     )
 }

@@ -366,10 +366,10 @@ fn standby_takes_no_flow_across_quick_localdns_restarts() {
         samples.len()
     );
     // The first stray query on each listener is what tells the standby its steering went stale
-    // (it answers it, then re-points, which takes a few milliseconds; another query may land
-    // meanwhile): a handful in all the restarts, where it was 149 of 930 before re-pointing.
+    // (it answers it, then re-points, which takes a few milliseconds, more on a loaded machine;
+    // others land meanwhile): a few per restart, where it was 149 of 930 before re-pointing.
     assert!(
-        taken <= 8,
+        taken <= 4 * RESTARTS,
         "the standby answered {taken} queries while LocalDNS was bound:\n{logs}"
     );
     assert!(

@@ -121,7 +121,7 @@ impl Watch {
 /// A node namespace, one upstream answering 10.0.0.1, the stand-in (a process of its own) and
 /// the standby beside it.
 fn beside(per_address: usize) -> (Topology, Upstream, Responder, LocalDns, Forwarder) {
-    standby_beside(LocalDns::with().sockets(per_address).process(), &[])
+    standby_beside(LocalDns::with().sockets(per_address), &[])
 }
 
 fn healthy(per_address: usize) {
@@ -191,7 +191,7 @@ fn a_localdns_starting_under_load_is_handed_its_flows_and_keeps_them() {
         f.logs()
     );
     let started = Instant::now();
-    let localdns = LocalDns::with().process().start(&topo.node);
+    let localdns = LocalDns::start(&topo.node);
     let samples = open_loop(
         &topo.node,
         10_000,

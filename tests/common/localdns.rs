@@ -1,10 +1,11 @@
 //! LocalDNS as the fallback meets it, played by one stand-in ([`LocalDns`]): UDP and TCP on
 //! 169.254.10.10 and .11 port 53, every socket with SO_REUSEPORT as CoreDNS binds them,
 //! answering every query at once with no record (the fallback's answers carry one: a reply says
-//! who gave it). It runs on threads of the test (hung at will) or as a process of its own in a
-//! cgroup of its own (what the standby asks whether LocalDNS waits for a CPU; SIGSTOP hangs it as
-//! it hangs knot or CoreDNS; a CPU quota starves it). Its serving is one copy, `localdns/serve.rs`,
-//! which the stand-in program of the systemd containers (`tests/systemd/standin.rs`) runs too.
+//! who gave it). It runs as a process of its own in a cgroup of its own, as LocalDNS's unit runs
+//! it (what the standby asks whether LocalDNS waits for a CPU): told to hang it blocks; SIGSTOP
+//! stops it as it stops knot or CoreDNS; a CPU quota starves it. Its serving is one copy,
+//! `localdns/serve.rs`, which the stand-in program of the systemd containers
+//! (`tests/systemd/standin.rs`) runs too.
 //!
 //! Beside it: pods asking both listeners, each answer attributed ([`open_loop`], [`new_flows`]).
 
@@ -26,7 +27,7 @@ use super::client::make_query;
 use super::forwarder::Forwarder;
 use super::netns::{Netns, Place};
 use super::{kill_and_reap, kill_with_parent, poll_until, unique_name};
-use serve::{LISTENERS, Serving};
+use serve::LISTENERS;
 
 /// UDP and TCP sockets on `addr` with SO_REUSEPORT, as CoreDNS binds its listeners, in the
 /// namespace the calling thread is in; blocking, as the socket calls make them.
@@ -90,7 +91,6 @@ pub fn standin_program() -> PathBuf {
 pub struct LocalDnsOptions {
     sockets: usize,
     cost: Duration,
-    process: bool,
 }
 
 impl LocalDnsOptions {
@@ -101,40 +101,22 @@ impl LocalDnsOptions {
         self
     }
 
-    /// `cost` of CPU spent on each answer besides the socket calls; implies a process of its
-    /// own (a cost matters under a CPU quota, which only a process of its own can be given).
+    /// `cost` of CPU spent on each answer besides the socket calls (it matters under a CPU
+    /// quota).
     pub fn cost(mut self, cost: Duration) -> LocalDnsOptions {
         self.cost = cost;
-        self.process = true;
-        self
-    }
-
-    /// A process of its own in a cgroup of its own, as LocalDNS's unit runs it: what the standby
-    /// sees when it asks who owns the sockets, what [`LocalDns::signal`] and
-    /// [`LocalDns::throttle`] act on.
-    pub fn process(mut self) -> LocalDnsOptions {
-        self.process = true;
         self
     }
 
     /// Binds in `ns` and serves; returns once every socket is bound.
     pub fn start(self, ns: &Netns) -> LocalDns {
-        if self.process {
-            LocalDns::spawn(ns, self)
-        } else {
-            LocalDns::on_threads(ns, self)
-        }
+        LocalDns::spawn(ns, self)
     }
 }
 
-/// The stand-in LocalDNS (see the module's doc). Dropping it closes its sockets: on threads it
-/// stops and joins them; a process is killed and its cgroups removed.
+/// The stand-in LocalDNS (see the module's doc). Dropping it kills it and removes its cgroups.
 pub struct LocalDns {
-    serving: Arc<Serving>,
-    threads: Vec<JoinHandle<()>>,
-    /// Bound and never accepted (on threads; nothing asks the stand-in over TCP there).
-    _tcp: Vec<TcpListener>,
-    process: Option<Process>,
+    process: Process,
     /// Probe questions answered so far.
     probes: Arc<AtomicUsize>,
     /// The inodes of its UDP sockets, as sock_diag names them.
@@ -149,43 +131,16 @@ struct Process {
 }
 
 impl LocalDns {
-    /// One socket per listener on threads of the test, answering at once.
+    /// One socket per listener, answering at once.
     pub fn start(ns: &Netns) -> LocalDns {
         LocalDns::with().start(ns)
     }
 
-    /// Options, from one socket per listener on threads of the test, answering at once.
+    /// Options, from one socket per listener, answering at once.
     pub fn with() -> LocalDnsOptions {
         LocalDnsOptions {
             sockets: 1,
             cost: Duration::ZERO,
-            process: false,
-        }
-    }
-
-    fn on_threads(ns: &Netns, options: LocalDnsOptions) -> LocalDns {
-        let serving = Arc::new(Serving {
-            interruptible: true,
-            ..Serving::default()
-        });
-        let (mut threads, mut tcp, mut inodes) = (Vec::new(), Vec::new(), Vec::new());
-        for ip in LISTENERS {
-            for _ in 0..options.sockets {
-                let (udp, listener) =
-                    ns.enter(|| bind_like_coredns(SocketAddrV4::new(ip, 53).into(), 16));
-                inodes.push(serve::inode(&udp));
-                tcp.push(listener);
-                let serving = serving.clone();
-                threads.push(std::thread::spawn(move || serve::serve_udp(udp, serving)));
-            }
-        }
-        LocalDns {
-            probes: Arc::new(AtomicUsize::new(0)),
-            serving,
-            threads,
-            _tcp: tcp,
-            process: None,
-            inodes,
         }
     }
 
@@ -218,22 +173,18 @@ impl LocalDns {
         let pid = child.id();
         // Owned from here, so that a failed start still kills it and removes its cgroup.
         let mut localdns = LocalDns {
-            serving: Arc::default(),
-            threads: Vec::new(),
-            _tcp: Vec::new(),
-            process: Some(Process {
+            process: Process {
                 child,
                 cgroups: vec![cgroup.clone()],
                 cpu_v1: None,
-            }),
+            },
             probes: Arc::new(AtomicUsize::new(0)),
             inodes: Vec::new(),
         };
         // Into its cgroup before it makes a socket (`ip netns exec` gives it a /sys of its own,
         // without the cgroup mounts); then it may bind.
         std::fs::write(cgroup.join("cgroup.procs"), pid.to_string()).unwrap();
-        let process = localdns.process.as_mut().expect("just made");
-        std::io::Write::write_all(process.child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+        localdns.tell("go");
         let mut out = std::io::BufReader::new(stdout);
         let mut line = String::new();
         while !line.starts_with("ready") {
@@ -261,24 +212,22 @@ impl LocalDns {
         localdns
     }
 
-    fn process(&self) -> &Process {
-        self.process
-            .as_ref()
-            .expect("a stand-in started with .process()")
+    /// A line to the stand-in on its stdin (`go`, `hang`, `serve`).
+    fn tell(&self, line: &str) {
+        let stdin = self.process.child.stdin.as_ref().expect("piped");
+        std::io::Write::write_all(&mut &*stdin, format!("{line}\n").as_bytes())
+            .unwrap_or_else(|e| panic!("cannot tell the stand-in {line}: {e}"));
     }
 
-    /// Stops reading (true) or reads again (false): on threads only (a process is stopped by
-    /// [`LocalDns::signal`]).
+    /// Stops answering (true: its threads block, as a deadlocked LocalDNS's do, each holding
+    /// what it read last while the rest queues unread) or answers again (false). SIGSTOP
+    /// ([`LocalDns::signal`]) stops it the other way.
     pub fn hang(&self, hung: bool) {
-        assert!(
-            self.process.is_none(),
-            "a stand-in process is hung by SIGSTOP"
-        );
-        self.serving.hung.store(hung, Ordering::Relaxed);
+        self.tell(if hung { "hang" } else { "serve" });
     }
 
     pub fn pid(&self) -> u32 {
-        self.process().child.id()
+        self.process.child.id()
     }
 
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
@@ -291,10 +240,7 @@ impl LocalDns {
     /// v2's cpu.max.
     pub fn throttle(&mut self, quota: Option<Duration>) {
         let pid = self.pid();
-        let process = self
-            .process
-            .as_mut()
-            .expect("a stand-in started with .process()");
+        let process = &mut self.process;
         let v1 = Path::new("/sys/fs/cgroup/cpu");
         if v1.join("cpu.cfs_quota_us").exists() {
             if process.cpu_v1.is_none() {
@@ -316,10 +262,7 @@ impl LocalDns {
 
     /// Probe questions (`health-check.localdns.local`) answered so far, on either listener.
     pub fn probes(&self) -> usize {
-        match self.process {
-            Some(_) => self.probes.load(Ordering::Relaxed),
-            None => self.serving.probes.load(Ordering::Relaxed),
-        }
+        self.probes.load(Ordering::Relaxed)
     }
 
     /// Waits until `standby` stands by and has had `rounds` rounds of its probe answered since
@@ -345,15 +288,9 @@ impl LocalDns {
 
 impl Drop for LocalDns {
     fn drop(&mut self) {
-        self.serving.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        if let Some(p) = &mut self.process {
-            kill_and_reap(&mut p.child);
-            for c in p.cgroups.iter().rev() {
-                let _ = std::fs::remove_dir(c);
-            }
+        kill_and_reap(&mut self.process.child);
+        for c in self.process.cgroups.iter().rev() {
+            let _ = std::fs::remove_dir(c);
         }
     }
 }

@@ -106,6 +106,14 @@ fn serve(args: &[String]) {
     eprintln!("stand-in CoreDNS: serving");
     if for_test {
         println!("ready {}", inodes.join(" "));
+        // The test's word: `hang` blocks every UDP loop, `serve` lets them answer again.
+        let s = serving.clone();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lines().map_while(Result::ok) {
+                let hung = line == "hang";
+                s.hung.store(hung, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
     }
     for t in threads {
         let _ = t.join();

@@ -1,13 +1,11 @@
 //! The stand-in LocalDNS's serving, in plain `std` (no crate, no test kit): one copy, compiled
-//! into the test kit (`tests/common/localdns.rs`: the stand-in on threads of the test process)
-//! and into the stand-in program (`tests/systemd/standin.rs`: the stand-in as a process of its
-//! own, in a namespace or inside a systemd container).
+//! into the stand-in program (`tests/systemd/standin.rs`: the stand-in as a process of its own,
+//! in a namespace or inside a systemd container) and, for its binding, into the test kit.
 //!
 //! It binds as CoreDNS binds (SO_REUSEPORT on every socket) and answers A queries for its
 //! records with their address (TTL 0, authoritative) and every other name NXDOMAIN; with no
 //! records, every name NOERROR with no record (the fallback's answers carry one: a reply says
-//! who gave it). Hung (on threads of the test), it reads nothing and its queues fill, as a
-//! deadlocked CoreDNS's do; a process of its own is stopped with SIGSTOP instead.
+//! who gave it). Hung, it answers nothing and its queues fill, as a deadlocked CoreDNS's do.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
@@ -25,7 +23,7 @@ pub const LISTENERS: [Ipv4Addr; 2] = [
 /// The name LocalDNS's probes (and the fallback's) ask, lower case, without the final dot.
 pub const HEALTH_CHECK: &str = "health-check.localdns.local";
 
-/// How often an interruptible loop looks at `hung` and `stop` when nothing arrives.
+/// How often a hung loop looks whether it may answer again.
 const TICK: Duration = Duration::from_millis(5);
 
 /// What every serving thread of one stand-in shares.
@@ -36,14 +34,8 @@ pub struct Serving {
     /// CPU spent on each answer besides the socket calls (knot spends several times what this
     /// stand-in does, which matters under a CPU quota).
     pub cost: Duration,
-    /// Whether the UDP loops look at `hung` and `stop` (every 5 ms when nothing arrives): on
-    /// threads of the test. A process of its own blocks in its reads until it is killed, and
-    /// costs nothing while idle (it may run under a CPU quota of 2 ms in 100 ms).
-    pub interruptible: bool,
-    /// Reads nothing while set (`interruptible` only).
+    /// Answers nothing while set: each UDP loop holds what it read last and reads no more.
     pub hung: AtomicBool,
-    /// Ends every UDP loop (`interruptible` only).
-    pub stop: AtomicBool,
     /// Probe questions answered (`health-check.localdns.local`), on any listener.
     pub probes: AtomicUsize,
     /// Print `probe` on stdout for each probe answered (the stand-in program's report to the
@@ -136,20 +128,16 @@ pub fn inode(socket: &impl AsRawFd) -> u64 {
         .unwrap_or(0)
 }
 
-/// Answers UDP queries on `socket` until `serving.stop`.
+/// Answers UDP queries on `socket` for as long as the process lives.
 pub fn serve_udp(socket: UdpSocket, serving: Arc<Serving>) {
-    if serving.interruptible {
-        let _ = socket.set_read_timeout(Some(TICK));
-    }
     let mut buf = [0u8; 4096];
-    while !serving.stop.load(Ordering::Relaxed) {
-        if serving.hung.load(Ordering::Relaxed) {
-            std::thread::sleep(TICK);
-            continue;
-        }
+    loop {
         let Ok((n, from)) = socket.recv_from(&mut buf) else {
             continue;
         };
+        while serving.hung.load(Ordering::Relaxed) {
+            std::thread::sleep(TICK);
+        }
         if let Some(reply) = answer(&buf[..n], &serving) {
             let _ = socket.send_to(&reply, from);
         }
