@@ -234,7 +234,9 @@ fn nothing_listening_is_connection_refused() {
     assert!(res.elapsed < Duration::from_secs(2), "{:?}", res.elapsed);
 }
 
-/// Every datagram reaching a socket within `window` after sending `query`.
+/// Every datagram reaching a socket within `window` of the first one, which may take up to 5 s
+/// after sending `query`: on a loaded machine the responder's threads were held off past a 1 s
+/// window from the send, and the verdict is what arrives, not when.
 fn collect_udp(
     ns: &Netns,
     to: SocketAddr,
@@ -244,7 +246,7 @@ fn collect_udp(
     ns.enter(|| {
         let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
         sock.send_to(query, to).unwrap();
-        let deadline = Instant::now() + window;
+        let mut deadline = Instant::now() + Duration::from_secs(5);
         let mut got = Vec::new();
         let mut buf = vec![0u8; 65536];
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
@@ -253,7 +255,12 @@ fn collect_udp(
             }
             sock.set_read_timeout(Some(left)).unwrap();
             match sock.recv_from(&mut buf) {
-                Ok((n, from)) => got.push((from, buf[..n].to_vec())),
+                Ok((n, from)) => {
+                    if got.is_empty() {
+                        deadline = Instant::now() + window;
+                    }
+                    got.push((from, buf[..n].to_vec()));
+                }
                 Err(_) => break,
             }
         }
@@ -360,8 +367,8 @@ fn responder_garbage_answers_with_noise() {
     let r = Responder::start(&up.ns, up.sock_v4(), Mode::Garbage);
     let id = 0x4242;
     let q = make_query("g.example.", RecordType::A, id, None);
-    // 3 s for two datagrams: in a full parallel run the responder's thread was once held off
-    // past a 1 s window between its two sends.
+    // 3 s from the first: in a full parallel run the responder's thread was once held off past
+    // 1 s between its two sends.
     let got = collect_udp(&topo.node, r.addr(), &q, Duration::from_secs(3));
     assert_eq!(got.len(), 2, "{got:?}");
     assert!(got[0].1.len() < 2 || got[0].1[..2] != id.to_be_bytes());
