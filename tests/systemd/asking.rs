@@ -181,6 +181,8 @@ pub(crate) const PROBE_LABELS: [&str; 3] = [".11 cluster", ".10 cluster", ".10 e
 /// The prober's cadence and patience: a query every 20 ms per target, 100 ms to answer.
 pub(crate) const PROBE_EVERY_MS: u64 = 20;
 pub(crate) const PROBE_TIMEOUT_MS: u64 = 100;
+/// Prober rounds that show a state settled: at the start of a phase, and after its end.
+pub(crate) const SETTLED_ROUNDS: usize = 15;
 
 #[derive(Clone, Debug)]
 pub(crate) struct ProbeSample {
@@ -220,11 +222,29 @@ impl Prober {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let child = cmd.spawn().expect("cannot start the prober");
-        // Its first samples: the phase starts from a serving node.
-        std::thread::sleep(Duration::from_millis(300));
-        Prober {
+        let p = Prober {
             child: Some(child),
             file,
+        };
+        // Its first samples: the phase starts from a serving node.
+        p.watch(SETTLED_ROUNDS);
+        p
+    }
+
+    /// Waits until the prober has written `rounds` more rounds of samples (every target asked
+    /// that often): the phase's tail, seen for what was asked rather than for a fixed time.
+    pub(crate) fn watch(&self, rounds: usize) {
+        let lines = || fs::read_to_string(&self.file).map_or(0, |t| t.lines().count());
+        let want = lines() + rounds * PROBE_TARGETS.len();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while lines() < want {
+            assert!(
+                Instant::now() < deadline,
+                "the prober wrote {} of {want} samples in 20 s ({})",
+                lines(),
+                self.file.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -309,9 +329,9 @@ pub(crate) fn dark_time(samples: &[ProbeSample]) -> [(f64, usize); 3] {
     out
 }
 
-/// Waits until LocalDNS is active and the fallback is not running, then a moment more (the
-/// prober's view of the settled state is part of the phase).
-pub(crate) fn wait_settled_on_localdns(c: &mut Container) {
+/// Waits until LocalDNS is active, the fallback is not running and the addresses are off lo;
+/// then, with a prober, for its view of the settled state (part of the phase).
+pub(crate) fn wait_settled_on_localdns(c: &mut Container, p: Option<&Prober>) {
     c.wait_until("LocalDNS active", Duration::from_secs(30), |c| {
         c.show("localdns.service", "ActiveState") == "active"
     });
@@ -328,5 +348,7 @@ pub(crate) fn wait_settled_on_localdns(c: &mut Container) {
         Duration::from_secs(5),
         |c| !c.ok("ip -o -4 addr show dev lo").contains("169.254.10.1"),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    if let Some(p) = p {
+        p.watch(SETTLED_ROUNDS);
+    }
 }

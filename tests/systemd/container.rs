@@ -471,6 +471,20 @@ impl Container {
         );
     }
 
+    /// `probes` answered by `who` at every ask for `window` (a change the daemon reads on a
+    /// period, and which moves nothing it reports: it must keep answering through it).
+    pub(crate) fn expect_answers_throughout(&self, probes: &[Probe], who: Who, window: Duration) {
+        let end = Instant::now() + window;
+        while Instant::now() < end {
+            for &p in probes {
+                let got = self.ask(p);
+                if got != who {
+                    self.fail(&format!("{} answered by {got:?}, not {who:?}", p.label));
+                }
+            }
+        }
+    }
+
     /// The listener addresses are on `lo` (while the fallback serves) or not (once it left).
     pub(crate) fn assert_listener_addresses_on_lo(&self, expected: bool, why: &str) {
         let out = self.ok("ip -o -4 addr show dev lo");

@@ -25,7 +25,7 @@ pub(crate) fn phases(suite: Suite, boot: Boot) {
         c.wait_until("LocalDNS restarted", Duration::from_secs(20), |c| {
             c.show_us("localdns.service", "NRestarts") > restarts
         });
-        wait_settled_on_localdns(&mut c);
+        wait_settled_on_localdns(&mut c, Some(&p));
         let crash = w.record("one crash, restarted", &p.finish());
         c.assert_no_unit_failed("after one crash");
 
@@ -41,7 +41,7 @@ pub(crate) fn phases(suite: Suite, boot: Boot) {
             |c| c.show("localdns.service", "ActiveState") == "failed",
         );
         c.expect_answers(Who::Fallback, "the fallback serves after the storm");
-        std::thread::sleep(Duration::from_millis(1000));
+        p.watch(SETTLED_ROUNDS);
         let storm = w.record("storm to failed", &p.finish());
         let starts = c
             .journal_since(&cursor)
@@ -57,7 +57,7 @@ pub(crate) fn phases(suite: Suite, boot: Boot) {
         // 3. Recovery as an operator does it; LocalDNS's ExecStartPre= stops the fallback.
         let p = Prober::start(&c, &format!("{run}-recovery"));
         c.recover_localdns();
-        wait_settled_on_localdns(&mut c);
+        wait_settled_on_localdns(&mut c, Some(&p));
         let recovery = w.record("recovery (reset-failed + start)", &p.finish());
         c.assert_no_unit_failed("after the recovery");
         if !standby {
@@ -67,7 +67,7 @@ pub(crate) fn phases(suite: Suite, boot: Boot) {
         // 4. systemctl restart localdns.
         let p = Prober::start(&c, &format!("{run}-restart"));
         c.ok("systemctl restart localdns.service");
-        wait_settled_on_localdns(&mut c);
+        wait_settled_on_localdns(&mut c, Some(&p));
         let restart = w.record("systemctl restart", &p.finish());
         c.assert_no_unit_failed("after the restart");
 
@@ -145,11 +145,11 @@ fn hung_localdns(c: &mut Container) -> (f64, f64) {
     let p = Prober::start(c, "hung");
     c.ok("kill -STOP $(cat /run/localdns-test/coredns.pid)");
     c.expect_answers(Who::Fallback, "the standby serves a hung LocalDNS");
-    std::thread::sleep(Duration::from_millis(500));
+    p.watch(SETTLED_ROUNDS);
     let resumed = mono_us();
     c.ok("kill -CONT $(cat /run/localdns-test/coredns.pid)");
     c.expect_answers(Who::LocalDns, "LocalDNS serves again after SIGCONT");
-    std::thread::sleep(Duration::from_millis(500));
+    p.watch(SETTLED_ROUNDS);
     let samples = p.finish();
     let dark = dark_time(&samples)
         .iter()
@@ -231,7 +231,7 @@ pub(crate) fn standby_restarts_beside_a_serving_localdns(suite: Suite) {
                 now != pid && now != "0" && c.journal_since(&cursor).contains(standing_by)
             },
         );
-        std::thread::sleep(Duration::from_millis(300));
+        p.watch(SETTLED_ROUNDS);
     }
     let samples = p.finish();
     let by_fallback = samples.iter().filter(|s| s.who == Who::Fallback).count();
