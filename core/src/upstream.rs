@@ -54,8 +54,6 @@ pub const ASK_EVERY: Duration = Duration::from_secs(9);
 const EACH_ASKED_EVERY: Duration = Duration::from_secs(54);
 /// A group is ready while one of its servers answered within this.
 pub const READY_FOR: Duration = Duration::from_secs(30);
-/// `refused_ms` once a try went unanswered since the last reply: not every send was refused.
-const NOT_ALL_REFUSED: u64 = u64::MAX;
 
 /// What the set knows about one server.
 #[derive(Debug, Default)]
@@ -120,7 +118,8 @@ pub struct UpstreamSet {
     stats: Vec<Arc<UpstreamStats>>,
     /// When the group's last question of its own went out.
     asked_ms: AtomicU64,
-    /// Since its last reply: when the network first refused a try, or `NOT_ALL_REFUSED`.
+    /// When the network first refused a try since the last reply: an answer of sorts, so it is
+    /// the reason given over silence (the kernel rate-limits ICMP, so some refusals time out).
     refused_ms: AtomicU64,
     /// The origin of every `_ms` field (ms since it plus one; 0 means never), given by whoever
     /// makes the set.
@@ -459,7 +458,6 @@ impl UpstreamSet {
             return false;
         };
         self.note_unanswered(i, ends_try, Some(name), sent, now);
-        self.refused_ms.store(NOT_ALL_REFUSED, Relaxed);
         let h = &self.health[i];
         let score = h.losses.fetch_add(LOSS, Relaxed).saturating_add(LOSS);
         score >= SUSPECT_AT && !h.suspect.swap(true, Relaxed)
@@ -518,16 +516,15 @@ impl UpstreamSet {
     }
 
     /// The one judgment of readiness: ready while a server replied within [`READY_FOR`] (how long
-    /// ago); else since when none did (the last reply, or when the set was made) and why.
+    /// ago); else why not, and since when: the network's first refusal since the last reply, or
+    /// that reply (or the set's making) when nothing was refused.
     pub fn readiness(&self, now: Instant) -> Result<Duration, (Instant, &'static str)> {
         let refused = self.refused_ms.load(Relaxed);
         let last = self.last_reply();
         match last.map(|at| now.saturating_duration_since(at)) {
             _ if self.addrs.is_empty() => Err((self.epoch, "no server found")),
             Some(ago) if ago <= READY_FOR => Ok(ago),
-            _ if refused != 0 && refused != NOT_ALL_REFUSED => {
-                Err((self.at(refused), "every send refused"))
-            }
+            _ if refused != 0 => Err((self.at(refused), "sends refused")),
             _ => Err((last.unwrap_or(self.epoch), "every server silent")),
         }
     }
@@ -929,17 +926,16 @@ mod tests {
         u.note_reply(addr(2), Duration::from_millis(1), true, at(10));
         assert_eq!(u.readiness(at(40)), Ok(Duration::from_secs(30)));
         assert_eq!(u.readiness(at(41)), Err((at(10), "every server silent")));
-        // Refused at 50 and 59: refused since the first of them, until a try goes unanswered.
+        // Refused at 50 and 59, lost at 61: refused since the first of them.
         u.note_failure(addr(1), false, at(50), at(50));
         u.note_failure(addr(2), false, at(59), at(59));
-        assert_eq!(u.readiness(at(60)), Err((at(50), "every send refused")));
         u.note_loss(addr(3), false, 1, at(60), at(61));
-        assert_eq!(u.readiness(at(62)), Err((at(10), "every server silent")));
+        assert_eq!(u.readiness(at(62)), Err((at(50), "sends refused")));
         // Any reply, an error one too, is an answer; and ends the run of refusals.
         u.note_error_reply(addr(3), false, at(70));
         assert_eq!(u.readiness(at(75)), Ok(Duration::from_secs(5)));
         u.note_failure(addr(1), false, at(80), at(80));
-        assert_eq!(u.readiness(at(101)), Err((at(80), "every send refused")));
+        assert_eq!(u.readiness(at(101)), Err((at(80), "sends refused")));
         let none = UpstreamSet::new(vec![], u.epoch);
         assert_eq!(none.readiness(at(1)), Err((u.epoch, "no server found")));
     }
