@@ -206,7 +206,10 @@ fn the_npd_plugin_config_runs_status_and_sets_its_conditions() {
     let conditions: Vec<&str> = (config["conditions"].as_array().unwrap().iter())
         .map(|c| c["type"].as_str().unwrap())
         .collect();
-    assert_eq!(conditions, ["LocalDNSOnFallback", "LocalDNSFallbackNotReady"]);
+    assert_eq!(
+        conditions,
+        ["LocalDNSOnFallback", "LocalDNSFallbackNotReady"]
+    );
     let rules = config["rules"].as_array().unwrap();
     let of_type = |t: &str| rules.iter().filter(|r| r["type"] == t).count();
     assert_eq!((of_type("permanent"), of_type("temporary")), (2, 1));

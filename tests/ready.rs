@@ -29,7 +29,8 @@ fn until_status(node: &Netns, f: &Forwarder, code: i32, bound: Duration) -> (Dur
     let t0 = Instant::now();
     let mut last = (0, String::new());
     let got = poll_until(bound, || {
-        std::thread::sleep(Duration::from_millis(200));
+        // A process a look: twice a second is enough beside bounds of seconds.
+        std::thread::sleep(Duration::from_millis(500));
         last = status_ready(node);
         (last.0 == code).then(|| last.1.clone())
     });
@@ -54,6 +55,13 @@ fn drop_dns(up: &Upstream, on: bool) {
     run_ok(&mut up.ns.exec("iptables", args));
 }
 
+/// Panics unless `line` says each of `said`.
+fn says(line: &str, said: &[&str]) {
+    for s in said {
+        assert!(line.contains(s), "{s:?} not in: {line}");
+    }
+}
+
 /// What a scene saw: the lines of `status --ready`, and what the standby did meanwhile.
 struct Seen {
     lines: Vec<(&'static str, i32, String)>,
@@ -76,13 +84,10 @@ fn upstream_goes_and_comes_back(
     let (t, line) = until_status(&topo.node, &f, 0, Duration::from_secs(15));
     figure(&format!("ready_{tag}_at_start"), t, Duration::from_secs(10));
     let server = up.sock_v4().to_string();
-    assert!(
-        line.starts_with("the standby could serve: kube-dns "),
-        "{line}"
-    );
-    assert!(
-        line.contains(&format!("VNet DNS {server} answered ")),
-        "{line}"
+    let vnet_answered = format!("VNet DNS {server} answered ");
+    says(
+        &line,
+        &["the standby could serve: kube-dns ", &vnet_answered],
     );
     lines.push(("answering", 0, line));
     let asked = r.as_ref().unwrap().queries();
@@ -91,11 +96,8 @@ fn upstream_goes_and_comes_back(
     cut(&up, &mut r);
     let (t, line) = until_status(&topo.node, &f, 1, Duration::from_secs(40));
     figure(&format!("not_ready_{tag}"), t, Duration::from_secs(30));
-    assert!(line.starts_with("the standby could not serve: "), "{line}");
-    for group in ["kube-dns", "VNet DNS"] {
-        let said = format!("{group} {server}: {reason} since ");
-        assert!(line.contains(&said), "{said:?} not in {line}");
-    }
+    let [kube, vnet] = ["kube-dns", "VNet DNS"].map(|g| format!("{g} {server}: {reason} since "));
+    says(&line, &["the standby could not serve: ", &kube, &vnet]);
     let m = f.metrics();
     for group in ["node", "cluster"] {
         assert_eq!(m.get(READY, &[("group", group)]), 0.0, "{}", m.text());
@@ -156,13 +158,10 @@ fn no_server_found() -> Seen {
     localdns.wait_stood_by(&f, 2, Duration::from_secs(10));
     let (t, line) = until_status(&topo.node, &f, 1, Duration::from_secs(15));
     figure("not_ready_no_server", t, Duration::from_secs(10));
-    assert!(
-        line.contains("kube-dns: no server found (iptables: "),
-        "{line}"
-    );
-    assert!(
-        line.contains(&format!("VNet DNS {server} answered ")),
-        "{line}"
+    let vnet_answered = format!("VNet DNS {server} answered ");
+    says(
+        &line,
+        &["kube-dns: no server found (iptables: ", &vnet_answered],
     );
     let m = f.metrics();
     assert_eq!(m.get(READY, &[("group", "cluster")]), 0.0);

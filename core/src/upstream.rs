@@ -47,8 +47,8 @@ pub const SILENCE_COUNTS: Duration = Duration::from_secs(1);
 /// RTT samples a server needs before it can be judged slow: the first reply sets the smoothed
 /// RTT alone, and one reply held up by a busy moment must not cost a server its share.
 const SAMPLES_TO_JUDGE: u32 = 4;
-/// A group with no answer for this long is asked a question of its own (see
-/// [`UpstreamSet::question_due`]): within the 10 s in which a standby must prove it could serve.
+/// How often a standby beside a serving LocalDNS asks each group a question of its own (see
+/// [`UpstreamSet::question_due`]): within the 10 s in which it must prove it could serve.
 pub const ASK_EVERY: Duration = Duration::from_secs(9);
 /// Each server of a group is asked at least this often, however many there are.
 const EACH_ASKED_EVERY: Duration = Duration::from_secs(54);
@@ -497,16 +497,14 @@ impl UpstreamSet {
 
     /// Is a question of the group's own due at `now`? Every [`ASK_EVERY`], sooner with many
     /// servers, so each is asked within `EACH_ASKED_EVERY` (a query starts where the last one
-    /// did not). While not `standing_by` the flows' own queries tell, so only a group none of
-    /// whose servers answered for as long is asked. Claimed: whichever relay thread asks first.
-    pub fn question_due(&self, now: Instant, standing_by: bool) -> bool {
+    /// did not). Claimed: whichever relay thread asks first.
+    pub fn question_due(&self, now: Instant) -> bool {
         let n = u32::try_from(self.addrs.len()).unwrap_or(u32::MAX);
         let every = ASK_EVERY.min(EACH_ASKED_EVERY / n.max(1)).as_millis() as u64;
         let (now_ms, last) = (self.ms(now), self.asked_ms.load(Relaxed));
-        let quiet = |at: u64| at == 0 || now_ms.saturating_sub(at) >= every;
-        let heard = self.last_reply().map_or(0, |t| self.ms(t));
+        let due = last == 0 || now_ms.saturating_sub(last) >= every;
         let claim = || (self.asked_ms).compare_exchange(last, now_ms, Relaxed, Relaxed);
-        n > 0 && quiet(last) && (standing_by || quiet(heard)) && claim().is_ok()
+        n > 0 && due && claim().is_ok()
     }
 
     /// When one of the servers last replied, with anything.
@@ -857,10 +855,10 @@ mod tests {
 
     /// The instants of the questions a set gives over `secs` seconds, polled every 500 ms (the
     /// relay's idle wake), as seconds since its epoch.
-    fn asked(u: &UpstreamSet, from: u64, secs: u64, standing_by: bool) -> Vec<f64> {
+    fn asked(u: &UpstreamSet, from: u64, secs: u64) -> Vec<f64> {
         (from * 2..(from + secs) * 2)
             .map(|half| u.epoch + Duration::from_millis(half * 500))
-            .filter(|&t| u.question_due(t, standing_by))
+            .filter(|&t| u.question_due(t))
             .map(|t| (t - u.epoch).as_secs_f64())
             .collect()
     }
@@ -868,16 +866,16 @@ mod tests {
     #[test]
     fn a_group_is_asked_every_9_s_while_standing_by_and_claimed_once() {
         let u = three();
-        assert_eq!(asked(&u, 0, 40, true), [0.0, 9.0, 18.0, 27.0, 36.0]);
+        assert_eq!(asked(&u, 0, 40), [0.0, 9.0, 18.0, 27.0, 36.0]);
         // A second relay thread finds it claimed.
         let t = u.epoch + Duration::from_secs(45);
-        assert!(u.question_due(t, true));
-        assert!(!u.question_due(t, true), "one question per turn");
+        assert!(u.question_due(t));
+        assert!(!u.question_due(t), "one question per turn");
         // Answers to anything do not hold the standby's questions back.
         answer(&u, addr(1), 300, 1);
-        assert_eq!(asked(&u, 46, 20, true), [54.0, 63.0]);
+        assert_eq!(asked(&u, 46, 20), [54.0, 63.0]);
         assert!(
-            !UpstreamSet::new(vec![], u.epoch).question_due(u.epoch, true),
+            !UpstreamSet::new(vec![], u.epoch).question_due(u.epoch),
             "nobody to ask"
         );
     }
@@ -886,7 +884,7 @@ mod tests {
     fn with_many_servers_each_is_asked_within_a_minute() {
         let many: Vec<SocketAddr> = (1..=12).map(addr).collect();
         let u = UpstreamSet::new(many.clone(), Instant::now());
-        let times = asked(&u, 0, 54, true);
+        let times = asked(&u, 0, 54);
         assert_eq!(
             times.len(),
             12,
@@ -896,21 +894,6 @@ mod tests {
         // Each question starts where the last did not: every server is asked once.
         let firsts: BTreeSet<_> = (0..12).map(|_| pick(&u, u.next_start(), &[])).collect();
         assert_eq!(firsts.len(), 12);
-    }
-
-    #[test]
-    fn holding_the_flows_only_a_quiet_group_is_asked() {
-        let u = three();
-        let at = |s: u64| u.epoch + Duration::from_secs(s);
-        for s in 0..30 {
-            u.note_reply(addr(1), Duration::from_millis(1), false, at(s));
-        }
-        assert_eq!(
-            asked(&u, 0, 30, false),
-            Vec::<f64>::new(),
-            "pods' answers tell"
-        );
-        assert_eq!(asked(&u, 30, 20, false), [38.0, 47.0], "quiet since 29 s");
     }
 
     #[test]

@@ -220,7 +220,7 @@ pub fn run(mut relay: Relay) {
         engine.handle_timeout(now);
         // On the loop's own wakes (at least twice a second): no timer of its own.
         if matches!(phase, Phase::Serving) {
-            engine.ask_if_due(now, relay.strays.aside());
+            engine.ask_if_due(now, relay.strays.standing_by());
         }
         shell.flush(&mut engine);
         let inflight = engine.inflight();

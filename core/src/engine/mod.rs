@@ -366,11 +366,12 @@ impl Engine {
 
     /// Asks each group this listener sends to a question of our own when one is due (see
     /// [`crate::upstream::UpstreamSet::question_due`]), through the upstream sockets like any
-    /// query: its answer feeds health and reaches no client.
+    /// query: its answer feeds health and reaches no client. Only while `standing_by` (a standby
+    /// beside a LocalDNS that holds the flows): else pods' queries tell what they get.
     pub fn ask_if_due(&mut self, now: Instant, standing_by: bool) {
         for group in UpstreamGroup::BOTH {
-            let asks = self.sends_to(group) && self.room_for(group);
-            if !asks || !self.upstreams.get(group).question_due(now, standing_by) {
+            let asks = standing_by && self.sends_to(group) && self.room_for(group);
+            if !asks || !self.upstreams.get(group).question_due(now) {
                 continue;
             }
             // kube-dns a name every cluster has, the VNet DNS the root's NS.

@@ -334,15 +334,13 @@ fn questions_of_our_own_go_to_each_group_in_turn_and_reach_no_client() {
     assert_eq!(r.upstream_sends(), 0);
     r.engine.ask_if_due(t0 + Duration::from_secs(9), true);
     r.drain();
-    let to: Vec<SocketAddr> = r
-        .sent
-        .iter()
-        .filter_map(|(d, _)| match d {
-            Dest::Upstream(l) => Some(l.to),
-            _ => None,
-        })
-        .collect();
+    let to: Vec<SocketAddr> = r.upstream_legs().iter().map(|l| l.to).collect();
     assert_eq!(to, [up(1), up(3)]);
+    // Holding the flows (not standing by), nothing is asked.
+    r.sent.clear();
+    r.engine.ask_if_due(t0 + Duration::from_secs(60), false);
+    r.drain();
+    assert_eq!(r.upstream_sends(), 0);
     // The cluster listener sends nothing to the VNet DNS, so never asks it.
     let mut c = Setup::new(ListenerRole::Cluster, vec![up(1)], vec![up(2)]).start(Instant::now());
     c.engine.ask_if_due(c.now(), true);
