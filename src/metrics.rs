@@ -1,6 +1,7 @@
 //! `/metrics` in Prometheus text format, on `--metrics ADDR`, by a tiny HTTP server that cannot
 //! stall DNS serving (own tasks, bounded connections, a deadline per request). It only reads the
-//! plain counters of [`crate::stats`], the upstream sets and the cache, at scrape time.
+//! plain counters of [`crate::stats`], the upstream sets and the cache, at scrape time. Beside
+//! it, `/ready`: the one line `status --ready` prints, 200 when every group could be served.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;

@@ -11,6 +11,9 @@
 //! whether it holds the flows and since when. The daemon writes no file (Landlock), so nothing
 //! it published can outlive it; and a fallback whose metrics cannot be read makes the answer
 //! Unknown, never OK.
+//!
+//! `status --ready` asks the standby found so its `/ready`: whether it could serve each upstream
+//! group if LocalDNS failed now (exit 0), which could not and why (1), or nothing to ask (2).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
