@@ -50,7 +50,7 @@ pub enum Verdict {
 }
 
 /// Looks, prints the one line and returns the exit status; with `ready`, of whether the standby
-/// could serve (see [`ready`]).
+/// could serve (see `ready`).
 pub fn report(config: &Config, ready: bool) -> ExitCode {
     let listeners = config.listeners();
     let (verdict, line) = match ready.then_some(()).ok_or_else(|| look(listeners)) {
