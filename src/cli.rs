@@ -17,8 +17,9 @@ USAGE:
     localdns-fallback [FLAGS]                  serve
     localdns-fallback discover [--json] [FLAGS]  print the upstreams it would use, then exit
     localdns-fallback release-addresses [FLAGS]  remove the listener addresses it puts on lo, then exit
-    localdns-fallback status [FLAGS]           say in one line who answers the listeners: exit 0
-                                               LocalDNS, 1 a fallback or nothing, 2 cannot tell
+    localdns-fallback status [--ready] [FLAGS] say in one line who answers the listeners: exit 0
+                                               LocalDNS, 1 a fallback or nothing, 2 cannot tell;
+                                               --ready: whether the standby could serve now
 
 Serves the node listener (--node-listen) and the cluster listener (--cluster-listen) over UDP and
 TCP. The cluster listener relays every name to the kube-dns servers; the node listener relays
@@ -350,8 +351,9 @@ pub enum Command {
     },
     /// Remove the listener addresses from lo and exit (the unit's ExecStopPost, after a kill).
     ReleaseAddresses(Box<Config>),
-    /// Say who answers the listeners and exit (node-problem-detector's plugin).
-    Status(Box<Config>),
+    /// Say who answers the listeners, or (`--ready`) whether the standby could serve, and exit
+    /// (node-problem-detector's plugin).
+    Status(Box<Config>, bool),
     Help,
     Version,
 }
@@ -363,6 +365,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
     let sub = args.next_if(|a| ["discover", "release-addresses", "status"].contains(&a.as_str()));
     let discover = sub.as_deref() == Some("discover");
     let mut json = false;
+    // `status --ready`: the flag belongs to the subcommand, right after it.
+    let ready = sub.as_deref() == Some("status") && args.next_if(|a| a == "--ready").is_some();
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
@@ -394,7 +398,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
     Ok(match sub.as_deref() {
         Some("discover") => Command::Discover { config, json },
         Some("release-addresses") => Command::ReleaseAddresses(config),
-        Some("status") => Command::Status(config),
+        Some("status") => Command::Status(config, ready),
         _ => Command::Run(config),
     })
 }
@@ -748,9 +752,10 @@ mod tests {
 
     #[test]
     fn the_status_subcommand_takes_the_listeners() {
-        let args = ["status", "--cluster-listen", "127.0.0.2:5353"].map(String::from);
+        let args = ["status", "--ready", "--cluster-listen", "127.0.0.2:5353"].map(String::from);
         match parse(args).unwrap() {
-            Command::Status(config) => {
+            Command::Status(config, ready) => {
+                assert!(ready);
                 assert_eq!(config.cluster_listen.to_string(), "127.0.0.2:5353");
                 assert_eq!(config.node_listen.to_string(), "169.254.10.10:53");
             }

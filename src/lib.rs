@@ -30,11 +30,12 @@
 //! - [`privilege`]: dropping capabilities once start-up is done.
 //! - [`confine`]: no writes to the node's files, from the first instant (Landlock).
 //! - [`systemd`]: sd_notify readiness, status and the watchdog fed by the serving loops.
-//! - [`metrics`]: `/metrics` in Prometheus text format over the counters.
+//! - [`metrics`]: `/metrics` in Prometheus text format over the counters, and `/ready` (could
+//!   it serve each upstream group now, or why not).
 //! - [`cli`]: the flags, which are the whole configuration (no config file by design).
 //! - [`report`]: `localdns-fallback discover`, what the daemon would use.
 //! - [`status`]: `localdns-fallback status`, who answers the listeners (LocalDNS, a fallback, or
-//!   nothing), for node-problem-detector.
+//!   nothing), and `status --ready`, whether the standby could serve, for node-problem-detector.
 //! - [`server`]: start-up (the guard beside a serving LocalDNS, link, bind, privileges) and
 //!   serving until the stop signal.
 //!

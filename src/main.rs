@@ -43,7 +43,7 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Ok(Command::Status(config)) => return status::report(&config),
+        Ok(Command::Status(config, ready)) => return status::report(&config, ready),
         Ok(Command::Version) => {
             println!(
                 "localdns-fallback {} (commit {})",

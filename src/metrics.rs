@@ -1,12 +1,13 @@
 //! `/metrics` in Prometheus text format, on `--metrics ADDR`, by a tiny HTTP server that cannot
 //! stall DNS serving (own tasks, bounded connections, a deadline per request). It only reads the
-//! plain counters of [`crate::stats`], the upstream sets and the cache, at scrape time.
+//! plain counters of [`crate::stats`], the upstream sets and the cache, at scrape time. Beside
+//! it, `/ready`: the one line `status --ready` prints, 200 when every group could be served.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -14,6 +15,7 @@ use tokio::sync::Semaphore;
 
 use crate::cache::Cache;
 use crate::flows::Cause;
+use crate::roles::UpstreamGroup::{KubeDns, VnetDns};
 use crate::roles::{ListenerRole, Transport, UpstreamGroup};
 use crate::stats::{
     Counters, Histogram, LATENCY_BUCKETS, ListenerStats, RCODES, Takeovers, UpstreamStats,
@@ -59,6 +61,8 @@ enum Samples {
     PerUpstream(fn(&UpstreamStats) -> u64),
     /// One sample per takeover cause, labelled `cause`.
     PerCause(fn(&Takeovers, Cause) -> u64),
+    /// One sample per upstream group, labelled `group`.
+    PerGroup(fn(&Scrape, UpstreamGroup) -> f64),
     /// One sample, unlabelled (whole numbers print without a fraction).
     One(fn(&Scrape) -> f64),
     /// Writes its own sample lines for the series it is given the name of.
@@ -164,7 +168,7 @@ const SERIES: &[Series] = &[
     },
     Series {
         name: "localdns_fallback_upstreams",
-        help: "Upstreams in use per group, labelled with where they were found.",
+        help: "Upstreams in use per group, labelled with where they were found (or, while none are, where discovery looked).",
         samples: Samples::Own(|s, name, o| {
             for g in UpstreamGroup::BOTH {
                 let n = s.sets.get(g).addrs().len();
@@ -180,16 +184,20 @@ const SERIES: &[Series] = &[
     Series {
         name: "localdns_fallback_upstream_set_changes_total",
         help: "Times a group's set of upstreams changed.",
-        samples: Samples::Own(|s, name, o| {
-            for g in UpstreamGroup::BOTH {
-                let _ = writeln!(
-                    o,
-                    "{name}{{group=\"{}\"}} {}",
-                    g.name(),
-                    s.counters.group(g).1
-                );
-            }
+        samples: Samples::PerGroup(|s, g| s.counters.group(g).1 as f64),
+    },
+    Series {
+        name: "localdns_fallback_upstreams_ready",
+        help: "1 while one of the group's upstreams answered within 30 s: the process could serve the group (GET /ready says why not). The standby asks each group a question of its own every 9 s.",
+        samples: Samples::PerGroup(|s, g| {
+            let ready = s.sets.get(g).readiness(Instant::now()).is_ok();
+            f64::from(u8::from(ready))
         }),
+    },
+    Series {
+        name: "localdns_fallback_upstreams_last_answer_timestamp_seconds",
+        help: "When one of the group's upstreams last answered (any reply), since the Unix epoch; 0 for never.",
+        samples: Samples::PerGroup(|s, g| s.sets.get(g).last_reply().map_or(0.0, unix)),
     },
     Series {
         name: "localdns_fallback_holding_flows",
@@ -234,6 +242,40 @@ const SERIES: &[Series] = &[
         samples: Samples::One(|s| unix_secs(s.counters.started)),
     },
 ];
+
+/// An instant of the past as seconds since the Unix epoch.
+fn unix(t: Instant) -> f64 {
+    unix_secs(SystemTime::now() - t.elapsed())
+}
+
+/// `/ready`: whether the process could serve each group now, and why not, in one line.
+pub fn ready(counters: &Counters, sets: &UpstreamSets) -> (bool, String) {
+    let (mut all, mut said) = (true, Vec::new());
+    for (g, name) in [(KubeDns, "kube-dns"), (VnetDns, "VNet DNS")] {
+        let set = sets.get(g);
+        let servers = match set.addrs() {
+            [] => String::new(),
+            [one] => one.to_string(),
+            [first, more @ ..] => format!("{first} and {} more", more.len()),
+        };
+        let one = if set.addrs().len() > 1 { ", one" } else { "" };
+        let r = set.readiness(Instant::now());
+        all &= r.is_ok();
+        said.push(match r {
+            _ if servers.is_empty() => format!("{name}: no server found ({})", counters.group(g).0),
+            Ok(a) => format!("{name} {servers}{one} answered {} ago", ago(a)),
+            Err((t, why)) => {
+                let (at, a) = (utc(unix(t)), ago(t.elapsed()));
+                format!("{name} {servers}: {why} since {at} ({a} ago)")
+            }
+        });
+    }
+    let standby = counters.standby;
+    let who = if standby { "standby" } else { "fallback" };
+    let could = if all { "could" } else { "could not" };
+    let line = format!("the {who} {could} serve: {}\n", said.join("; "));
+    (all, line)
+}
 
 fn upstream_labels((g, addr): &(UpstreamGroup, SocketAddr)) -> String {
     format!("group=\"{}\",upstream=\"{addr}\"", g.name())
@@ -282,6 +324,11 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
                     let _ = writeln!(o, "{name}{{cause=\"{}\"}} {n}", c.label());
                 }
             }
+            Samples::PerGroup(get) => {
+                for g in UpstreamGroup::BOTH {
+                    let _ = writeln!(o, "{name}{{group=\"{}\"}} {}", g.name(), get(&scrape, g));
+                }
+            }
             Samples::One(get) => {
                 let _ = writeln!(o, "{name} {}", get(&scrape));
             }
@@ -289,6 +336,38 @@ pub fn render(counters: &Counters, sets: &UpstreamSets, cache: Option<&Mutex<Cac
         }
     }
     out
+}
+
+/// Seconds since the Unix epoch as RFC 3339 in UTC, to the second.
+pub fn utc(secs: f64) -> String {
+    let secs = secs.max(0.0) as u64;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm), from 1970-01-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+pub fn ago(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3_600 => format!("{}m{}s", s / 60, s % 60),
+        3_600..86_400 => format!("{}h{}m", s / 3_600, s % 3_600 / 60),
+        _ => format!("{}d{}h", s / 86_400, s % 86_400 / 3_600),
+    }
 }
 
 fn escape(s: &str) -> String {
@@ -321,15 +400,19 @@ pub async fn serve(
             else {
                 return;
             };
-            let response = if path == "/metrics" {
-                let body = render(&counters, &sets.borrow(), cache.as_deref());
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n".to_string()
+            let sets = sets.borrow().clone();
+            let (code, body) = match path.as_str() {
+                "/metrics" => ("200 OK", render(&counters, &sets, cache.as_deref())),
+                "/ready" => match ready(&counters, &sets) {
+                    (true, line) => ("200 OK", line),
+                    (false, line) => ("503 Service Unavailable", line),
+                },
+                _ => ("404 Not Found", "not found\n".to_string()),
             };
+            let response = format!(
+                "HTTP/1.1 {code}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
             let _ =
                 tokio::time::timeout(HTTP_DEADLINE, stream.write_all(response.as_bytes())).await;
         });
@@ -428,6 +511,42 @@ mod tests {
         assert!(text.contains("localdns_fallback_holding_flows{listener=\"node\"} 0\n"));
         assert!(text.contains("localdns_fallback_handbacks_total{cause=\"addresses_gone\"} 1\n"));
         assert!(text.contains("localdns_fallback_last_handback_timestamp_seconds 1700000005\n"));
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(utc(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400.0), "2000-02-29T00:00:00Z");
+        assert_eq!(utc(1_750_000_000.9), "2025-06-15T15:06:40Z");
+        assert_eq!(ago(Duration::from_secs(42)), "42s");
+        assert_eq!(ago(Duration::from_secs(3_725)), "1h2m");
+    }
+
+    #[test]
+    fn readiness_shows_as_the_gauge_the_last_answer_and_the_line_of_ready() {
+        let m = Counters::new(std::time::SystemTime::now(), true);
+        let (a, b) = (
+            "10.244.0.5:53".parse().unwrap(),
+            "10.244.0.6:53".parse().unwrap(),
+        );
+        let sets = UpstreamSets::uncounted(vec![], vec![a, b], Instant::now());
+        m.looked(
+            UpstreamGroup::VnetDns,
+            "/run/resolv.conf lists no VNet DNS server",
+        );
+        sets.kube_dns.note_error_reply(b, false, Instant::now());
+        let text = render(&m, &sets, None);
+        assert!(text.contains("localdns_fallback_upstreams_ready{group=\"cluster\"} 1\n"));
+        assert!(text.contains("localdns_fallback_upstreams_ready{group=\"node\"} 0\n"));
+        assert!(text.contains("_last_answer_timestamp_seconds{group=\"node\"} 0\n"));
+        assert!(!text.contains("_last_answer_timestamp_seconds{group=\"cluster\"} 0\n"));
+        let (ready, line) = ready(&m, &sets);
+        assert!(!ready);
+        assert_eq!(
+            line,
+            "the standby could not serve: kube-dns 10.244.0.5:53 and 1 more, one answered 0s \
+             ago; VNet DNS: no server found (/run/resolv.conf lists no VNet DNS server)\n"
+        );
     }
 
     #[test]

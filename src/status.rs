@@ -11,6 +11,9 @@
 //! whether it holds the flows and since when. The daemon writes no file (Landlock), so nothing
 //! it published can outlive it; and a fallback whose metrics cannot be read makes the answer
 //! Unknown, never OK.
+//!
+//! `status --ready` asks the standby found so its `/ready`: whether it could serve each upstream
+//! group if LocalDNS failed now (exit 0), which could not and why (1), or nothing to ask (2).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -21,6 +24,7 @@ use std::time::{Duration, SystemTime};
 use crate::cli::{self, Command, Config};
 use crate::discover::tool::side_by_side;
 use crate::flows::Cause;
+use crate::metrics::{ago, utc};
 use crate::roles::ListenerRole;
 use crate::standby::probe::{Prober, Seen};
 use crate::stats::unix_secs;
@@ -45,12 +49,14 @@ pub enum Verdict {
     Unknown = 2,
 }
 
-/// Looks, prints the one line and returns the exit status.
-pub fn report(config: &Config) -> ExitCode {
+/// Looks, prints the one line and returns the exit status; with `ready`, of whether the standby
+/// could serve (see `ready`).
+pub fn report(config: &Config, ready: bool) -> ExitCode {
     let listeners = config.listeners();
-    let (verdict, line) = match look(listeners) {
-        Ok(look) => judge(&look, listeners, SystemTime::now()),
-        Err(e) => (Verdict::Unknown, format!("cannot tell who answers: {e}")),
+    let (verdict, line) = match ready.then_some(()).ok_or_else(|| look(listeners)) {
+        Ok(()) => self::ready(listeners),
+        Err(Ok(look)) => judge(&look, listeners, SystemTime::now()),
+        Err(Err(e)) => (Verdict::Unknown, format!("cannot tell who answers: {e}")),
     };
     println!("{line}");
     ExitCode::from(verdict as u8)
@@ -80,9 +86,7 @@ fn look(listeners: [SocketAddr; 2]) -> Result<Look, String> {
     let daemons = daemons(&listeners)?
         .into_iter()
         .map(|(name, metrics)| {
-            let said = metrics
-                .ok_or_else(|| "serves these listeners without --metrics".to_string())
-                .and_then(|addr| published(&scrape(addr)?));
+            let said = scrape(metrics, "/metrics").and_then(|(_, text)| published(&text));
             (name, said)
         })
         .collect();
@@ -167,13 +171,15 @@ fn serves(c: &Config, listeners: &[SocketAddr; 2]) -> bool {
     })
 }
 
-fn scrape(addr: SocketAddr) -> Result<String, String> {
+/// GET `path` from a daemon's metrics server: the body of a 200 (true) or 503 (false) answer.
+fn scrape(addr: Option<SocketAddr>, path: &str) -> Result<(bool, String), String> {
+    let addr = addr.ok_or("serves these listeners without --metrics")?;
     let cannot = |e: std::io::Error| format!("its metrics at {addr} cannot be read: {e}");
     let mut stream = TcpStream::connect_timeout(&addr, SCRAPE).map_err(cannot)?;
     stream.set_read_timeout(Some(SCRAPE)).map_err(cannot)?;
     stream.set_write_timeout(Some(SCRAPE)).map_err(cannot)?;
     stream
-        .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
         .map_err(cannot)?;
     let mut response = Vec::new();
     stream
@@ -182,7 +188,8 @@ fn scrape(addr: SocketAddr) -> Result<String, String> {
         .map_err(cannot)?;
     let response = String::from_utf8_lossy(&response);
     match response.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.1 200 ") => Ok(body.to_string()),
+        Some((head, body)) if head.starts_with("HTTP/1.1 200 ") => Ok((true, body.to_string())),
+        Some((head, body)) if head.starts_with("HTTP/1.1 503 ") => Ok((false, body.to_string())),
         _ => Err(format!(
             "its metrics at {addr} answered {:?}",
             response.lines().next().unwrap_or("nothing")
@@ -250,7 +257,7 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
             "LocalDNS is on its fallback: {daemon} holds the flows of {} since {} ({} ago)",
             which(p.holding, true),
             utc(p.since),
-            ago(now - p.since)
+            ago(Duration::from_secs_f64((now - p.since).max(0.0)))
         );
         if let Some(cause) = p.cause {
             line += &format!(", because {}", cause.sentence());
@@ -293,35 +300,19 @@ fn judge(look: &Look, listeners: [SocketAddr; 2], now: SystemTime) -> (Verdict, 
     (Verdict::Ok, line)
 }
 
-/// Seconds since the Unix epoch as RFC 3339 in UTC, to the second.
-fn utc(secs: f64) -> String {
-    let secs = secs.max(0.0) as u64;
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Days to a civil date (Howard Hinnant's algorithm), from 1970-01-01.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
-
-fn ago(secs: f64) -> String {
-    let s = secs.max(0.0) as u64;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3_600 => format!("{}m{}s", s / 60, s % 60),
-        3_600..86_400 => format!("{}h{}m", s / 3_600, s % 3_600 / 60),
-        _ => format!("{}d{}h", s / 86_400, s % 86_400 / 3_600),
+/// `status --ready`: what the standby of these listeners says of whether it could serve now
+/// (its `/ready`: 200 yes, 503 no).
+fn ready(listeners: [SocketAddr; 2]) -> (Verdict, String) {
+    let said = daemons(&listeners).and_then(|found| {
+        let (daemon, metrics) = (found.iter().find(|(d, _)| d.contains(" --standby ")))
+            .ok_or_else(|| format!("no standby runs for {} and {}", listeners[0], listeners[1]))?;
+        scrape(*metrics, "/ready").map_err(|e| format!("{daemon} {e}"))
+    });
+    let cannot = |e| format!("cannot tell whether the standby could serve: {e}");
+    match said {
+        Ok((true, line)) => (Verdict::Ok, line.trim_end().into()),
+        Ok((false, line)) => (Verdict::NonOk, line.trim_end().into()),
+        Err(e) => (Verdict::Unknown, cannot(e)),
     }
 }
 
@@ -449,15 +440,5 @@ mod tests {
         ];
         assert!(serves(&loopback, &asked));
         assert!(!serves(&loopback, &listeners()));
-    }
-
-    #[test]
-    fn times() {
-        assert_eq!(utc(0.0), "1970-01-01T00:00:00Z");
-        assert_eq!(utc(951_782_400.0), "2000-02-29T00:00:00Z");
-        assert_eq!(utc(1_750_000_000.9), "2025-06-15T15:06:40Z");
-        assert_eq!(ago(42.0), "42s");
-        assert_eq!(ago(3_725.0), "1h2m");
-        assert_eq!(ago(-3.0), "0s");
     }
 }

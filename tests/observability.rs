@@ -191,31 +191,42 @@ fn alert_rules_pass_their_promtool_tests() {
 }
 
 /// The node-problem-detector custom plugin monitor shipped in units/node-problem-detector runs
-/// the installed binary's `status` and sets a condition of its own from it.
+/// the installed binary's `status` and sets a condition of its own from it, and a second one from
+/// `status --ready` (whether the standby could serve).
 #[test]
-fn the_npd_plugin_config_runs_status_and_sets_its_condition() {
+fn the_npd_plugin_config_runs_status_and_sets_its_conditions() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("units/node-problem-detector/localdns-fallback.json");
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(config["plugin"], "custom");
     let plugin = &config["pluginConfig"];
-    // The status line is longer than NPD's default 80 characters.
-    assert!(plugin["max_output_length"].as_u64().unwrap() >= 200);
-    let condition = config["conditions"][0]["type"].as_str().unwrap();
-    assert_eq!(condition, "LocalDNSOnFallback");
+    // The status lines are longer than NPD's default 80 characters.
+    assert!(plugin["max_output_length"].as_u64().unwrap() >= 300);
+    let conditions: Vec<&str> = (config["conditions"].as_array().unwrap().iter())
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        conditions,
+        ["LocalDNSOnFallback", "LocalDNSFallbackNotReady"]
+    );
     let rules = config["rules"].as_array().unwrap();
     let of_type = |t: &str| rules.iter().filter(|r| r["type"] == t).count();
-    assert_eq!((of_type("permanent"), of_type("temporary")), (1, 1));
+    assert_eq!((of_type("permanent"), of_type("temporary")), (2, 1));
     for rule in rules {
         assert_eq!(
             rule["path"],
             "/opt/azure/containers/localdns/localdns-fallback"
         );
-        assert_eq!(rule["args"], serde_json::json!(["status"]));
-        if rule["type"] == "permanent" {
-            assert_eq!(rule["condition"], condition);
-        }
+        let args = match rule["condition"].as_str() {
+            Some("LocalDNSFallbackNotReady") => serde_json::json!(["status", "--ready"]),
+            Some(c) => {
+                assert_eq!(c, "LocalDNSOnFallback");
+                serde_json::json!(["status"])
+            }
+            None => serde_json::json!(["status"]),
+        };
+        assert_eq!(rule["args"], args, "{rule}");
     }
 }
 

@@ -150,6 +150,15 @@ impl Rig {
             .expect("something was sent upstream")
     }
 
+    /// The legs of every upstream send, in order.
+    pub fn upstream_legs(&self) -> Vec<Leg> {
+        let leg = |(d, _): &(Dest, Vec<u8>)| match d {
+            Dest::Upstream(leg) => Some(*leg),
+            _ => None,
+        };
+        self.sent.iter().filter_map(leg).collect()
+    }
+
     pub fn upstream_sends(&self) -> usize {
         self.sent
             .iter()

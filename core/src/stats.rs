@@ -218,6 +218,11 @@ impl Counters {
         *counted = (source.to_string(), counted.1 + 1);
     }
 
+    /// Discovery found no upstream for a group: where it looked, shown as the group's source.
+    pub fn looked(&self, group: UpstreamGroup, looked: &str) {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())[group as usize].0 = looked.into();
+    }
+
     /// Where a group's upstreams came from, and how often its set changed.
     pub fn group(&self, group: UpstreamGroup) -> (String, u64) {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())[group as usize].clone()

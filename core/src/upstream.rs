@@ -47,6 +47,13 @@ pub const SILENCE_COUNTS: Duration = Duration::from_secs(1);
 /// RTT samples a server needs before it can be judged slow: the first reply sets the smoothed
 /// RTT alone, and one reply held up by a busy moment must not cost a server its share.
 const SAMPLES_TO_JUDGE: u32 = 4;
+/// How often a standby beside a serving LocalDNS asks each group a question of its own (see
+/// [`UpstreamSet::question_due`]): within the 10 s in which it must prove it could serve.
+pub const ASK_EVERY: Duration = Duration::from_secs(9);
+/// Each server of a group is asked at least this often, however many there are.
+const EACH_ASKED_EVERY: Duration = Duration::from_secs(54);
+/// A group is ready while one of its servers answered within this.
+pub const READY_FOR: Duration = Duration::from_secs(30);
 
 /// What the set knows about one server.
 #[derive(Debug, Default)]
@@ -109,6 +116,11 @@ pub struct UpstreamSet {
     failures: AtomicU64,
     /// Per server counters for /metrics; they outlive this set (see [`Counters::upstream`]).
     stats: Vec<Arc<UpstreamStats>>,
+    /// When the group's last question of its own went out.
+    asked_ms: AtomicU64,
+    /// When the network first refused a try since the last reply: an answer of sorts, so it is
+    /// the reason given over silence (the kernel rate-limits ICMP, so some refusals time out).
+    refused_ms: AtomicU64,
     /// The origin of every `_ms` field (ms since it plus one; 0 means never), given by whoever
     /// makes the set.
     epoch: Instant,
@@ -151,6 +163,8 @@ impl UpstreamSet {
             addrs: unique,
             cursor: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
+            asked_ms: AtomicU64::new(0),
+            refused_ms: AtomicU64::new(0),
             epoch,
         }
     }
@@ -280,6 +294,11 @@ impl UpstreamSet {
         self.addrs.iter().position(|a| *a == addr)
     }
 
+    /// The instant of an `_ms` field's value (not 0).
+    fn at(&self, ms: u64) -> Instant {
+        self.epoch + Duration::from_millis(ms - 1)
+    }
+
     fn ms(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.epoch).as_millis() as u64 + 1
     }
@@ -320,6 +339,7 @@ impl UpstreamSet {
         }
         self.health[i].late.store(0, Relaxed);
         self.health[i].replied_ms.fetch_max(self.ms(now), Relaxed);
+        self.refused_ms.store(0, Relaxed);
     }
 
     /// An answer came `took` after its try was sent. True when this cleared a suspect server.
@@ -417,6 +437,9 @@ impl UpstreamSet {
             return false;
         };
         self.note_unanswered(i, ends_try, None, sent, now);
+        let refused = &self.refused_ms;
+        let _ = refused.compare_exchange(0, self.ms(now), Relaxed, Relaxed);
+
         !self.health[i].suspect.swap(true, Relaxed)
     }
 
@@ -470,6 +493,38 @@ impl UpstreamSet {
             let last = h.probed_ms.load(Relaxed);
             last == 0 || now_ms.saturating_sub(last) >= PROBE_EVERY.as_millis() as u64
         })
+    }
+
+    /// Is a question of the group's own due at `now`? Every [`ASK_EVERY`], sooner with many
+    /// servers, so each is asked within `EACH_ASKED_EVERY` (a query starts where the last one
+    /// did not). Claimed: whichever relay thread asks first.
+    pub fn question_due(&self, now: Instant) -> bool {
+        let n = u32::try_from(self.addrs.len()).unwrap_or(u32::MAX);
+        let every = ASK_EVERY.min(EACH_ASKED_EVERY / n.max(1)).as_millis() as u64;
+        let (now_ms, last) = (self.ms(now), self.asked_ms.load(Relaxed));
+        let due = last == 0 || now_ms.saturating_sub(last) >= every;
+        let claim = || (self.asked_ms).compare_exchange(last, now_ms, Relaxed, Relaxed);
+        n > 0 && due && claim().is_ok()
+    }
+
+    /// When one of the servers last replied, with anything.
+    pub fn last_reply(&self) -> Option<Instant> {
+        let ms = self.health.iter().map(|h| h.replied_ms.load(Relaxed)).max();
+        ms.filter(|&ms| ms != 0).map(|ms| self.at(ms))
+    }
+
+    /// The one judgment of readiness: ready while a server replied within [`READY_FOR`] (how long
+    /// ago); else why not, and since when: the network's first refusal since the last reply, or
+    /// that reply (or the set's making) when nothing was refused.
+    pub fn readiness(&self, now: Instant) -> Result<Duration, (Instant, &'static str)> {
+        let refused = self.refused_ms.load(Relaxed);
+        let last = self.last_reply();
+        match last.map(|at| now.saturating_duration_since(at)) {
+            _ if self.addrs.is_empty() => Err((self.epoch, "no server found")),
+            Some(ago) if ago <= READY_FOR => Ok(ago),
+            _ if refused != 0 => Err((self.at(refused), "sends refused")),
+            _ => Err((last.unwrap_or(self.epoch), "every server silent")),
+        }
     }
 
     #[cfg(test)]
@@ -796,6 +851,76 @@ mod tests {
     fn empty_set_has_nothing_to_choose() {
         let u = UpstreamSet::new(vec![], Instant::now());
         assert_eq!(u.choose(0, &[], &[], u.epoch), None);
+    }
+
+    /// The instants of the questions a set gives over `secs` seconds, polled every 500 ms (the
+    /// relay's idle wake), as seconds since its epoch.
+    fn asked(u: &UpstreamSet, from: u64, secs: u64) -> Vec<f64> {
+        (from * 2..(from + secs) * 2)
+            .map(|half| u.epoch + Duration::from_millis(half * 500))
+            .filter(|&t| u.question_due(t))
+            .map(|t| (t - u.epoch).as_secs_f64())
+            .collect()
+    }
+
+    #[test]
+    fn a_group_is_asked_every_9_s_while_standing_by_and_claimed_once() {
+        let u = three();
+        assert_eq!(asked(&u, 0, 40), [0.0, 9.0, 18.0, 27.0, 36.0]);
+        // A second relay thread finds it claimed.
+        let t = u.epoch + Duration::from_secs(45);
+        assert!(u.question_due(t));
+        assert!(!u.question_due(t), "one question per turn");
+        // Answers to anything do not hold the standby's questions back.
+        answer(&u, addr(1), 300, 1);
+        assert_eq!(asked(&u, 46, 20), [54.0, 63.0]);
+        assert!(
+            !UpstreamSet::new(vec![], u.epoch).question_due(u.epoch),
+            "nobody to ask"
+        );
+    }
+
+    #[test]
+    fn with_many_servers_each_is_asked_within_a_minute() {
+        let many: Vec<SocketAddr> = (1..=12).map(addr).collect();
+        let u = UpstreamSet::new(many.clone(), Instant::now());
+        let times = asked(&u, 0, 54);
+        assert_eq!(
+            times.len(),
+            12,
+            "one question for each within 54 s: {times:?}"
+        );
+        assert!(times.windows(2).all(|w| w[1] - w[0] == 4.5), "{times:?}");
+        // Each question starts where the last did not: every server is asked once.
+        let firsts: BTreeSet<_> = (0..12).map(|_| pick(&u, u.next_start(), &[])).collect();
+        assert_eq!(firsts.len(), 12);
+    }
+
+    #[test]
+    fn readiness_ready_silent_refused_and_no_server() {
+        let u = three();
+        let at = |s: u64| u.epoch + Duration::from_secs(s);
+        assert_eq!(
+            u.readiness(at(5)),
+            Err((u.epoch, "every server silent")),
+            "never heard"
+        );
+        u.note_sent(addr(2));
+        u.note_reply(addr(2), Duration::from_millis(1), true, at(10));
+        assert_eq!(u.readiness(at(40)), Ok(Duration::from_secs(30)));
+        assert_eq!(u.readiness(at(41)), Err((at(10), "every server silent")));
+        // Refused at 50 and 59, lost at 61: refused since the first of them.
+        u.note_failure(addr(1), false, at(50), at(50));
+        u.note_failure(addr(2), false, at(59), at(59));
+        u.note_loss(addr(3), false, 1, at(60), at(61));
+        assert_eq!(u.readiness(at(62)), Err((at(50), "sends refused")));
+        // Any reply, an error one too, is an answer; and ends the run of refusals.
+        u.note_error_reply(addr(3), false, at(70));
+        assert_eq!(u.readiness(at(75)), Ok(Duration::from_secs(5)));
+        u.note_failure(addr(1), false, at(80), at(80));
+        assert_eq!(u.readiness(at(101)), Err((at(80), "sends refused")));
+        let none = UpstreamSet::new(vec![], u.epoch);
+        assert_eq!(none.readiness(at(1)), Err((u.epoch, "no server found")));
     }
 
     #[test]

@@ -482,6 +482,13 @@ pub fn header_only_reply(query: &[u8], rcode: u8, out: &mut Vec<u8>) {
     out[4..12].fill(0);
 }
 
+/// A query of our own, ID 0 (set per try), RD, one question for the wire-form `name` of type
+/// `qtype` (one below 256) in class IN, no EDNS.
+pub fn question(name: &[u8], qtype: u8) -> Vec<u8> {
+    let header = [0, 0, RD, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    [&header[..], name, &[0, qtype, 0, 1]].concat()
+}
+
 /// Encodes a dotted name as lower-case wire labels, e.g. `cluster.local` → `\x07cluster\x05local\x00`.
 pub fn encode_name(name: &str) -> Result<Vec<u8>, String> {
     let trimmed = name.trim_end_matches('.');

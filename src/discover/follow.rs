@@ -198,6 +198,8 @@ impl VnetDnsFollower {
         let then = if serving {
             "keeping the VNet DNS servers found before"
         } else {
+            out.metrics
+                .looked(UpstreamGroup::VnetDns, &format!("{why}; {leases_said}"));
             "the node listener answers SERVFAIL for external names until one appears"
         };
         self.say(
@@ -230,13 +232,11 @@ fn cluster_update(
         *said = None;
         return;
     }
-    let why = format!(
-        "no backends of {} found ({})",
-        settings.service,
-        explain(&finding.notes)
-    );
+    let looked = explain(&finding.notes);
+    let why = format!("no backends of {} found ({looked})", settings.service);
     if said.as_deref() != Some(why.as_str()) {
         if out.publish.borrow().kube_dns.is_empty() {
+            out.metrics.looked(UpstreamGroup::KubeDns, &looked);
             tracing::warn!("{why}; the cluster listener answers SERVFAIL until some are found");
         } else {
             tracing::warn!("{why}; keeping the kube-dns servers found before");

@@ -218,6 +218,10 @@ pub fn run(mut relay: Relay) {
         }
         let now = Instant::now();
         engine.handle_timeout(now);
+        // On the loop's own wakes (at least twice a second): no timer of its own.
+        if matches!(phase, Phase::Serving) {
+            engine.ask_if_due(now, relay.strays.standing_by());
+        }
         shell.flush(&mut engine);
         let inflight = engine.inflight();
         if inflight != reported_inflight {

@@ -91,6 +91,12 @@ impl Strays {
         self.counters.takeovers.holding().is_none()
     }
 
+    /// A standby (`--standby`) beside a LocalDNS that has the flows: its upstreams hear from it
+    /// only what it asks them itself.
+    pub fn standing_by(&self) -> bool {
+        self.counters.standby && self.aside()
+    }
+
     /// A relay read pods' queries.
     pub fn reached_us(&self) {
         if self.aside() {

@@ -82,15 +82,11 @@ impl Prober {
             socket.set_nonblocking(true)?;
             sockets.push((addr, socket, false));
         }
-        let mut query = Vec::with_capacity(12 + HEALTH_CHECK.len() + 4);
-        // ID (set per round), RD, one question.
-        query.extend_from_slice(&[0, 0, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
-        query.extend_from_slice(HEALTH_CHECK);
-        query.extend_from_slice(&[0, 1, 0, 1]);
         Ok(Prober {
             sockets,
             id: id_seed,
-            query,
+            // The ID is set per round.
+            query: crate::wire::question(HEALTH_CHECK, 1),
         })
     }
 

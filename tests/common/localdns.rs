@@ -265,6 +265,12 @@ impl LocalDns {
         self.probes.load(Ordering::Relaxed)
     }
 
+    /// Queries for any name but the probe's answered so far, on either listener (on threads).
+    pub fn others(&self) -> usize {
+        assert!(self.process.is_none(), "counted on threads only");
+        self.serving.others.load(Ordering::Relaxed)
+    }
+
     /// Waits until `standby` stands by and has had `rounds` rounds of its probe answered since
     /// (both listeners each): it has seen this LocalDNS serve. Panics, with its logs, after
     /// `timeout`.

@@ -364,6 +364,36 @@ impl Engine {
         }
     }
 
+    /// Asks each group this listener sends to a question of our own when one is due (see
+    /// [`crate::upstream::UpstreamSet::question_due`]), through the upstream sockets like any
+    /// query: its answer feeds health and reaches no client. Only while `standing_by` (a standby
+    /// beside a LocalDNS that holds the flows): else pods' queries tell what they get.
+    pub fn ask_if_due(&mut self, now: Instant, standing_by: bool) {
+        for group in UpstreamGroup::BOTH {
+            let asks = standing_by && self.sends_to(group) && self.room_for(group);
+            if !asks || !self.upstreams.get(group).question_due(now) {
+                continue;
+            }
+            // kube-dns a name every cluster has, the VNet DNS the root's NS.
+            let packet = match group {
+                UpstreamGroup::KubeDns => wire::question(&self.routes.kubernetes, 1),
+                UpstreamGroup::VnetDns => wire::question(b"\0", 2),
+            };
+            if let Ok(q) = wire::parse_query(&packet) {
+                let s = Start {
+                    client: None,
+                    packet: &packet,
+                    q,
+                    key: None,
+                    group,
+                    transport: Transport::Udp,
+                    stale_known: false,
+                };
+                self.start(now, s);
+            }
+        }
+    }
+
     /// A new query in flight.
     fn start(&mut self, now: Instant, s: Start) {
         self.hedge_tokens = (self.hedge_tokens + 1).min(HEDGE_BURST);

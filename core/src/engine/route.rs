@@ -34,6 +34,9 @@ pub struct Routes {
     /// Node listener's, then the cluster listener's: (domain in lower-case wire form, group),
     /// longest domain first, so the first match is the longest.
     by_listener: [Vec<(Vec<u8>, UpstreamGroup)>; 2],
+    /// The name of our own question to kube-dns (see [`crate::engine::Engine::ask_if_due`]), a
+    /// name every cluster has, under the defaults' cluster domain.
+    pub kubernetes: Vec<u8>,
 }
 
 impl Routes {
@@ -46,6 +49,7 @@ impl Routes {
             routes.set(listener, b"\0", root);
             routes.set(listener, cluster_domain, UpstreamGroup::KubeDns);
         }
+        routes.kubernetes = [b"\x0akubernetes\x07default\x03svc", cluster_domain].concat();
         routes
     }
 

@@ -38,6 +38,8 @@ pub struct Serving {
     pub hung: AtomicBool,
     /// Probe questions answered (`health-check.localdns.local`), on any listener.
     pub probes: AtomicUsize,
+    /// Queries for any other name answered, on any listener.
+    pub others: AtomicUsize,
     /// Print `probe` on stdout for each probe answered (the stand-in program's report to the
     /// test that runs it).
     pub report_probes: bool,
@@ -206,6 +208,8 @@ fn answer(q: &[u8], serving: &Serving) -> Option<Vec<u8>> {
         if serving.report_probes {
             println!("probe");
         }
+    } else {
+        serving.others.fetch_add(1, Ordering::Relaxed);
     }
     let qtype = u16::from_be_bytes([q[end - 4], q[end - 3]]);
     let hit = serving

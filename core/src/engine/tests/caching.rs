@@ -37,14 +37,7 @@ fn a_udp_query_and_a_tcp_query_for_one_name_do_not_share_a_try() {
     rig.engine
         .handle_query(now, Client::Tcp(TCP_CLIENT), &query(2, "big.svc", None));
     rig.drain();
-    let vias: Vec<_> = rig
-        .sent
-        .iter()
-        .filter_map(|(d, _)| match d {
-            Dest::Upstream(leg) => Some(leg.via),
-            _ => None,
-        })
-        .collect();
+    let vias: Vec<_> = rig.upstream_legs().iter().map(|l| l.via).collect();
     assert_eq!(
         vias.len(),
         2,

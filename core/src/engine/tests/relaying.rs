@@ -294,3 +294,57 @@ fn an_answered_query_leaves_no_timer_to_wake_for() {
     rig.tick(0);
     assert_eq!(rig.engine.poll_timeout(), None);
 }
+
+/// The standby's own questions: one per group the listener sends to, through the upstream
+/// sockets, each group's in turn; the answer feeds health and reaches no client.
+#[test]
+fn questions_of_our_own_go_to_each_group_in_turn_and_reach_no_client() {
+    let mut r =
+        Setup::new(ListenerRole::Node, vec![up(1)], vec![up(2), up(3)]).start(Instant::now());
+    let t0 = r.now();
+    r.engine.ask_if_due(t0, true);
+    r.drain();
+    let sent: Vec<(Leg, Vec<u8>)> = r
+        .sent
+        .drain(..)
+        .map(|(d, b)| match d {
+            Dest::Upstream(leg) => (leg, b),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(sent.len(), 2);
+    let (vnet, kube) = (&sent[0], &sent[1]);
+    assert_eq!(vnet.0.to, up(1));
+    assert_eq!(&vnet.1[12..], b"\0\0\x02\0\x01", "the root's NS");
+    assert_eq!(kube.0.to, up(2));
+    assert_eq!(
+        &kube.1[12..],
+        b"\x0akubernetes\x07default\x03svc\x07cluster\x05local\0\0\x01\0\x01"
+    );
+    for (leg, bytes) in &sent {
+        r.handle_reply(t0, leg.via, leg.to, &reply(bytes, false, 0));
+    }
+    assert!(r.sent.is_empty(), "nothing for a client: {:?}", r.sent);
+    assert_eq!(r.engine.inflight(), 0);
+    let sets = r.engine.upstreams().clone();
+    assert_eq!(sets.kube_dns.readiness(t0), Ok(Duration::ZERO));
+    // Not due again before 9 s; then kube-dns's next server.
+    r.engine.ask_if_due(t0 + Duration::from_secs(8), true);
+    r.drain();
+    assert_eq!(r.upstream_sends(), 0);
+    r.engine.ask_if_due(t0 + Duration::from_secs(9), true);
+    r.drain();
+    let to: Vec<SocketAddr> = r.upstream_legs().iter().map(|l| l.to).collect();
+    assert_eq!(to, [up(1), up(3)]);
+    // Holding the flows (not standing by), nothing is asked.
+    r.sent.clear();
+    r.engine.ask_if_due(t0 + Duration::from_secs(60), false);
+    r.drain();
+    assert_eq!(r.upstream_sends(), 0);
+    // The cluster listener sends nothing to the VNet DNS, so never asks it.
+    let mut c = Setup::new(ListenerRole::Cluster, vec![up(1)], vec![up(2)]).start(Instant::now());
+    c.engine.ask_if_due(c.now(), true);
+    c.drain();
+    assert_eq!(c.last_upstream().0.to, up(2));
+    assert_eq!(c.upstream_sends(), 1);
+}
