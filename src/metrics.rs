@@ -253,12 +253,11 @@ pub fn ready(counters: &Counters, sets: &UpstreamSets) -> (bool, String) {
     let (mut all, mut said) = (true, Vec::new());
     for (g, name) in [(KubeDns, "kube-dns"), (VnetDns, "VNet DNS")] {
         let set = sets.get(g);
-        let servers = match set.addrs() {
-            [] => String::new(),
-            [one] => one.to_string(),
-            [first, more @ ..] => format!("{first} and {} more", more.len()),
+        let (servers, one) = match set.addrs() {
+            [] => (String::new(), ""),
+            [one] => (one.to_string(), ""),
+            [first, more @ ..] => (format!("{first} and {} more", more.len()), ", one"),
         };
-        let one = if set.addrs().len() > 1 { ", one" } else { "" };
         let r = set.readiness(Instant::now());
         all &= r.is_ok();
         said.push(match r {
@@ -270,8 +269,7 @@ pub fn ready(counters: &Counters, sets: &UpstreamSets) -> (bool, String) {
             }
         });
     }
-    let standby = counters.standby;
-    let who = if standby { "standby" } else { "fallback" };
+    let who = ["fallback", "standby"][usize::from(counters.standby)];
     let could = if all { "could" } else { "could not" };
     let line = format!("the {who} {could} serve: {}\n", said.join("; "));
     (all, line)

@@ -126,8 +126,8 @@ fn upstream_goes_and_comes_back(
         "a question counted as a pod's answer"
     );
     assert_eq!(
-        localdns.others(),
-        0,
+        localdns.first_other(),
+        None,
         "LocalDNS's sockets got a question of the standby's"
     );
     Seen { lines }

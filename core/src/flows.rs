@@ -356,12 +356,10 @@ impl Flows {
     /// run at the round's end tells that the machine stopped (see [`LATE`]), LocalDNS with it:
     /// that round is asked again rather than counted silent, once in a row.
     pub fn timed_out(&mut self, now: Instant, late: Duration) {
-        if late > LATE && !std::mem::replace(&mut self.late_round, true) {
-            self.asking = false;
-            self.next_ask = now;
-            return;
+        if late <= LATE || std::mem::replace(&mut self.late_round, true) {
+            return self.asked(now, false);
         }
-        self.asked(now, false);
+        (self.asking, self.next_ask) = (false, now);
     }
 
     /// A socket the flows were taken from is still LocalDNS's: the same process.

@@ -229,10 +229,7 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
         // only once its link carries them again. The kernel announces address changes on
         // `changes` (they queue between reads, so none is missed); without them the addresses
         // are checked at every look.
-        let mut wake = flows.deadline();
-        if let Some(end) = round {
-            wake = wake.min(end);
-        }
+        let wake = round.map_or(flows.deadline(), |end| flows.deadline().min(end));
         let mut fds = vec![
             PollFd::new(shell.stop.fd(), PollFlags::POLLIN),
             PollFd::new(shell.strays.wake.as_fd(), PollFlags::POLLIN),
@@ -272,20 +269,18 @@ pub fn run(mut prober: Prober, shell: Shell, taken: Option<Cause>) {
                 flows.addresses(now, found);
             }
         }
-        if let Some(end) = round {
-            let read = prober.read();
-            if read.is_some() || now >= end {
-                round = None;
-                let late = now.saturating_duration_since(end);
-                if read != Some(Seen::Serving) {
-                    let queued: Vec<u32> = seen.iter().map(|(q, _)| q.queued).collect();
-                    let refused = read.is_some();
-                    tracing::debug!(refused, ?late, ?queued, "probe round silent");
-                }
-                match read {
-                    Some(verdict) => flows.asked(now, verdict == Seen::Serving),
-                    None => flows.timed_out(now, late),
-                }
+        let read = round.and_then(|_| prober.read());
+        if let Some(end) = round.filter(|&end| read.is_some() || now >= end) {
+            round = None;
+            let late = now.saturating_duration_since(end);
+            if read != Some(Seen::Serving) {
+                let (refused, queued) = (read.is_some(), seen.iter().map(|(q, _)| q.queued));
+                let queued: Vec<_> = queued.collect();
+                tracing::debug!(refused, ?late, ?queued, "probe round silent");
+            }
+            match read {
+                Some(verdict) => flows.asked(now, verdict == Seen::Serving),
+                None => flows.timed_out(now, late),
             }
         }
     }

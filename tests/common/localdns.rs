@@ -110,6 +110,15 @@ impl LocalDnsOptions {
 
     /// Binds in `ns` and serves; returns once every socket is bound.
     pub fn start(self, ns: &Netns) -> LocalDns {
+        let mut localdns = self.prepare(ns);
+        localdns.bind();
+        localdns
+    }
+
+    /// The process started in its cgroup, not bound yet: [`LocalDns::bind`] binds it within
+    /// milliseconds, where starting a process takes up to a third of a second on a loaded
+    /// machine (a quick restart is the old one dropped, then this bound).
+    pub fn prepare(self, ns: &Netns) -> LocalDns {
         LocalDns::spawn(ns, self)
     }
 }
@@ -119,8 +128,11 @@ pub struct LocalDns {
     process: Process,
     /// Probe questions answered so far.
     probes: Arc<AtomicUsize>,
+    first_other: Arc<Mutex<Option<String>>>,
     /// The inodes of its UDP sockets, as sock_diag names them.
     pub inodes: Vec<u64>,
+    /// Its reports, until it binds.
+    stdout: Option<std::process::ChildStdout>,
 }
 
 struct Process {
@@ -169,22 +181,30 @@ impl LocalDns {
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start the stand-in ({cmd:?}): {e}"));
-        let stdout = child.stdout.take().expect("piped");
+        let stdout = child.stdout.take();
         let pid = child.id();
         // Owned from here, so that a failed start still kills it and removes its cgroup.
-        let mut localdns = LocalDns {
+        let localdns = LocalDns {
             process: Process {
                 child,
                 cgroups: vec![cgroup.clone()],
                 cpu_v1: None,
             },
             probes: Arc::new(AtomicUsize::new(0)),
+            first_other: Arc::default(),
             inodes: Vec::new(),
+            stdout,
         };
         // Into its cgroup before it makes a socket (`ip netns exec` gives it a /sys of its own,
         // without the cgroup mounts); then it may bind.
         std::fs::write(cgroup.join("cgroup.procs"), pid.to_string()).unwrap();
-        localdns.tell("go");
+        localdns
+    }
+
+    /// Lets a prepared stand-in bind; returns once every socket is bound.
+    pub fn bind(&mut self) {
+        let stdout = self.stdout.take().expect("a stand-in binds once");
+        self.tell("go");
         let mut out = std::io::BufReader::new(stdout);
         let mut line = String::new();
         while !line.starts_with("ready") {
@@ -194,22 +214,23 @@ impl LocalDns {
                 "the stand-in ended before it was ready"
             );
         }
-        localdns.inodes = line
+        self.inodes = line
             .split_whitespace()
             .skip(1)
             .map(|i| i.parse().unwrap())
             .collect();
-        // Its report of each probe answered, read from here on.
-        let probes = localdns.probes.clone();
+        // Its report of each probe answered (and of another query), read from here on.
+        let (probes, other) = (self.probes.clone(), self.first_other.clone());
         std::thread::spawn(move || {
             for line in out.lines() {
                 let Ok(line) = line else { break };
                 if line == "probe" {
                     probes.fetch_add(1, Ordering::Relaxed);
+                } else if let Some(name) = line.strip_prefix("other ") {
+                    *other.lock().unwrap() = Some(name.to_string());
                 }
             }
         });
-        localdns
     }
 
     /// A line to the stand-in on its stdin (`go`, `hang`, `serve`).
@@ -265,10 +286,9 @@ impl LocalDns {
         self.probes.load(Ordering::Relaxed)
     }
 
-    /// Queries for any name but the probe's answered so far, on either listener (on threads).
-    pub fn others(&self) -> usize {
-        assert!(self.process.is_none(), "counted on threads only");
-        self.serving.others.load(Ordering::Relaxed)
+    /// The first query for any name but the probe's that it answered, if any.
+    pub fn first_other(&self) -> Option<String> {
+        self.first_other.lock().unwrap().clone()
     }
 
     /// Waits until `standby` stands by and has had `rounds` rounds of its probe answered since

@@ -40,8 +40,8 @@ pub struct Serving {
     pub probes: AtomicUsize,
     /// Queries for any other name answered, on any listener.
     pub others: AtomicUsize,
-    /// Print `probe` on stdout for each probe answered (the stand-in program's report to the
-    /// test that runs it).
+    /// Print `probe` on stdout for each probe answered, and `other NAME` for the first other
+    /// query (the stand-in program's report to the test that runs it).
     pub report_probes: bool,
 }
 
@@ -208,8 +208,8 @@ fn answer(q: &[u8], serving: &Serving) -> Option<Vec<u8>> {
         if serving.report_probes {
             println!("probe");
         }
-    } else {
-        serving.others.fetch_add(1, Ordering::Relaxed);
+    } else if serving.others.fetch_add(1, Ordering::Relaxed) == 0 && serving.report_probes {
+        println!("other {name}");
     }
     let qtype = u16::from_be_bytes([q[end - 4], q[end - 3]]);
     let hit = serving
