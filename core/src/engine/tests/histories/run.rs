@@ -114,6 +114,30 @@ fn draw_ttls(rng: &mut Mix) -> [[(u32, u32); NAMES]; 2] {
     })
 }
 
+/// The first listener's engine as the history's world asks: its servers, routes, cap and cache.
+fn engine_setup(
+    seed: u64,
+    role: ListenerRole,
+    servers: &[Server],
+    sets: &Sets,
+    routing: &Routing,
+    max_inflight: usize,
+    cache: bool,
+) -> Setup {
+    let addrs =
+        |g: usize| -> Vec<SocketAddr> { sets[g][0].1.iter().map(|i| servers[*i].addr).collect() };
+    let mut setup = Setup::new(role, addrs(0), addrs(1));
+    setup.settings.max_inflight = max_inflight;
+    setup.routes = routing.routes();
+    setup.seed = std::array::from_fn(|i| (seed >> (8 * (i % 8))) as u8 ^ i as u8);
+    setup.cache = cache.then(|| Limits {
+        min_ttl: Duration::from_millis(MIN_TTL_MS),
+        max_stale: Duration::from_millis(MAX_STALE_MS),
+        ..Limits::default()
+    });
+    setup
+}
+
 /// The world of one history: listeners, servers and their sets, names' TTLs, the engine's
 /// settings and the seeds of its listeners.
 fn draw_world(rng: &mut Mix, seed: u64) -> (World, Setup) {
@@ -167,17 +191,15 @@ fn draw_world(rng: &mut Mix, seed: u64) -> (World, Setup) {
     };
     let late_timers = rng.random_bool(0.5);
 
-    let addrs =
-        |g: usize| -> Vec<SocketAddr> { sets[g][0].1.iter().map(|i| servers[*i].addr).collect() };
-    let mut setup = Setup::new(roles[0], addrs(0), addrs(1));
-    setup.settings.max_inflight = max_inflight;
-    setup.routes = routing.routes();
-    setup.seed = std::array::from_fn(|i| (seed >> (8 * (i % 8))) as u8 ^ i as u8);
-    setup.cache = cache.then(|| Limits {
-        min_ttl: Duration::from_millis(MIN_TTL_MS),
-        max_stale: Duration::from_millis(MAX_STALE_MS),
-        ..Limits::default()
-    });
+    let setup = engine_setup(
+        seed,
+        roles[0],
+        &servers,
+        &sets,
+        &routing,
+        max_inflight,
+        cache,
+    );
     let budget = setup.settings.query_timeout.as_millis() as u64;
     let try_time = setup.settings.upstream_timeout.as_millis() as u64;
     let seed2s = (1..roles.len())
