@@ -2,20 +2,25 @@
 //! start-ups, crashes (addresses kept or deleted) and crash storms, hangs and resumes, quick
 //! restarts, a LocalDNS that reads but does not answer, one alive while its addresses are gone,
 //! one starved of CPU (it fails under the pods' load and answers its probe once the load is off
-//! it), CPU-quota throttling, sockets joining and leaving, lost and refused probe rounds, quiet
-//! and busy clients, the whole machine paused (late looks), pods' queries that reach the standby
-//! aside, the standby's addresses taken off lo while it holds, and the standby itself restarted.
+//! it), one starved and then hung with what the starvation left queued, CPU-quota throttling,
+//! sockets joining and leaving, lost and refused probe rounds, quiet and busy clients, the whole
+//! machine paused (late looks), pods' queries that reach the standby aside, the standby's
+//! addresses taken off lo while it holds, and the standby itself restarted.
+//! A tenth of the lifecycles are longer and have one fault only, which the same process has again
+//! soon after each hand-back, so that the proof doubles up to its cap.
 //! The world here models the kernel (which socket a new flow reaches, what waits in each queue,
 //! which interface carries the addresses) and carries out what the machine says; the checks read
 //! only what the machine said and what the world did, never its fields. After every step:
 //! - every take has its cause in what the world did (two silent rounds it delivered, a queue it
-//!   left unread at least as long as the bound, the addresses it deleted), never earlier; and
+//!   left unread at least as long as the bound, timed as the looks reported it and afresh where
+//!   it said the owners runnable, the addresses it deleted), never earlier; and
 //!   comes within its bound: at the second silent round, at once for the addresses, within a
 //!   round of a refusing LocalDNS, within the queues' bound of the first unread query;
 //! - at most one take per fault (a storm: one per crash), blind shells aside (see `episode`);
 //! - the flows go back only to a LocalDNS whose link carries the addresses and that answered the
 //!   rounds its proof asks (counted by the world from its own rounds and takes), and at the
-//!   round that completes them;
+//!   round that completes them; at the latest at `MAX_PROOF`'s worth of rounds, however often
+//!   the fault came back;
 //! - a LocalDNS that serves healthily is never taken from; throttled, the flows change hands at
 //!   most once every `UNREAD_REST`;
 //! - the steering is pointed afresh within a look after the groups' members moved it, within
@@ -62,6 +67,10 @@ const STOPPED_BOUND: Duration = LOOK_EVERY
     .saturating_add(STOPPED_FOR)
     .saturating_add(LOOK_BUSY.saturating_mul(3))
     .saturating_add(MS);
+/// A stall its owners were found runnable in, from that answer: a busy look after it is old.
+const AFRESH_BOUND: Duration = UNREAD_FOR
+    .saturating_add(LOOK_BUSY.saturating_mul(3))
+    .saturating_add(MS);
 /// After a resume, a round asked during the silence may still end silent.
 const GRACE: Duration = WAIT.saturating_add(LOOK_EVERY).saturating_add(MS);
 /// The longest a healthy socket's queue stays non-empty and growing (what `tests/unread.rs`
@@ -99,6 +108,9 @@ struct Sock {
     /// What the last look reported, and whether that was a queue left unread.
     reported: u32,
     stalled: bool,
+    /// Since when the looks have reported this queue non-empty and not shrinking, timed afresh
+    /// when its owners were found runnable with a stall `UNREAD_FOR` old, and after a pause.
+    reported_since: Option<Instant>,
 }
 
 struct Probe {
@@ -148,6 +160,17 @@ struct World {
     recurrences: u32,
     /// The owners' state the world last gave.
     owners_said: Option<Owners>,
+    /// When the world last said the owners of a stalled queue runnable.
+    runnable_at: Option<Instant>,
+    /// The stall in force began while LocalDNS was starved.
+    stall_starved: bool,
+    /// A starved LocalDNS that hangs next, its queues still unread from the starvation.
+    starved_then_hung: bool,
+    /// The one fault the same process has again and again in this lifecycle, within `RECUR`.
+    recurring: Option<Phase>,
+    /// The round that ended was MAX_PROOF's worth of answered rounds: a hand-back is due, whatever
+    /// the recurrences.
+    cap_due: bool,
     /// Observations for the checks.
     not_serving_since: Option<Instant>,
     no_socket_since: Option<Instant>,
@@ -250,6 +273,7 @@ impl World {
             run: None,
             reported: 0,
             stalled: false,
+            reported_since: None,
         });
     }
 
@@ -274,6 +298,7 @@ impl World {
                 .filter(|s| s.reported > 0)
                 .map(|s| s.run.map_or(self.last_look_at, |(since, _)| since))
                 .min();
+            self.stall_starved = self.phase == Phase::Starved;
         }
         if reads {
             self.reading = true;
@@ -332,7 +357,6 @@ impl World {
     /// whether a socket it had at the take is still there, and how soon after a hand-back the
     /// take came.
     fn proof(&self) -> u32 {
-        let rounds = |d: Duration| d.as_millis().div_ceil(PROBE_EVERY.as_millis()) as u32;
         let same = self.view.iter().any(|i| self.view_at_take.contains(i));
         let base = match self.last_take {
             Some(Cause::SilentProbe) if same => rounds(SAME_PROOF),
@@ -369,20 +393,30 @@ impl World {
                     _ => None,
                 };
                 // A starved LocalDNS that reads for 2 ms in 100 may drain a queue between two
-                // looks and fill it again: a blind shell sees one stall.
-                let sampled = self.blind && self.phase == Phase::Starved;
-                stall.is_some_and(|(first, end)| sampled || end - first >= least)
+                // looks and fill it again: the looks see one stall (and it may hang next).
+                let sampled = self.stall_starved;
+                // And as the looks reported it: owners found runnable are no hang, and a stall
+                // they were found runnable in is timed afresh from then.
+                let reported = (self.sockets.iter().filter_map(|s| s.reported_since))
+                    .map(|since| self.now - since)
+                    .max();
+                let timed = self.owners_said != Some(Owners::Runnable)
+                    && reported.is_some_and(|r| r >= least);
+                timed && stall.is_some_and(|(first, end)| sampled || end - first >= least)
             }
             Cause::LocalDnsFailed | Cause::ByHand => false,
         };
         if !justified {
             return Err(format!(
                 "took the flows ({why:?}) without its cause: {} silent rounds in a row, \
-                 addresses {}, first unread {:?} ago, owners {:?}",
+                 addresses {}, first unread {:?} ago, reported stalled {:?}, owners {:?}",
                 self.silent_in_row,
                 self.addresses,
                 self.first_unread.map(|f| self.now - f),
-                self.owners_said
+                (self.sockets.iter().filter_map(|s| s.reported_since))
+                    .map(|since| self.now - since)
+                    .max(),
+                self.owners_said,
             ));
         }
         let starved = matches!(self.phase, Phase::Throttled { .. } | Phase::Starved);
@@ -525,6 +559,9 @@ impl World {
                         _ => Owners::Asleep,
                     };
                     self.owners_said = Some(owners);
+                    if owners == Owners::Runnable {
+                        self.owners_found_runnable();
+                    }
                     self.flows.owners(self.now, owners);
                 }
                 Out::Ask => {
@@ -561,6 +598,11 @@ impl World {
                             s.stalled = true;
                             s.unread
                         };
+                        s.reported_since = match queued {
+                            0 => None,
+                            _ if paused || s.reported == 0 || queued < s.reported => Some(now),
+                            _ => s.reported_since.or(Some(now)),
+                        };
                         s.reported = queued;
                         view.push(Queue {
                             inode: s.inode,
@@ -594,6 +636,13 @@ impl World {
             return Err(format!(
                 "{} silent rounds in a row and the flows not taken",
                 self.silent_in_row
+            ));
+        }
+        if std::mem::take(&mut self.cap_due) && self.target == Holder::Fallback {
+            return Err(format!(
+                "LocalDNS answered {} rounds ({:?}), MAX_PROOF's worth, and the flows not handed \
+                 back ({} takes within RECUR of a hand-back in a row)",
+                self.answered_since_take, self.last_take, self.recurrences
             ));
         }
         if std::mem::take(&mut self.hand_back_due) && self.target == Holder::Fallback {
@@ -675,7 +724,13 @@ impl World {
                     Phase::Hung if self.stopped && !self.blind => STOPPED_BOUND,
                     _ => QUEUE_BOUND,
                 };
-                (bound, self.rest_until.map_or(first, |r| r.max(first)))
+                // And one whose owners were found runnable, from then: timed afresh, it is seen
+                // already, and taken once `UNREAD_FOR` old.
+                let from = self.rest_until.map_or(first, |r| r.max(first));
+                match self.runnable_at.filter(|&r| r >= from) {
+                    Some(r) => (AFRESH_BOUND, r),
+                    None => (bound, from),
+                }
             }
             _ => (PROBE_BOUND, since),
         };
@@ -689,6 +744,23 @@ impl World {
             ));
         }
         Ok(())
+    }
+
+    /// The shell was told the owners of its suspect queues are runnable: a stall the looks
+    /// reported `UNREAD_FOR` old restarts the clock of every queue stalled `STOPPED_FOR`.
+    fn owners_found_runnable(&mut self) {
+        let now = self.now;
+        let age = |s: &Sock| s.reported_since.map(|since| now - since);
+        if self.sockets.iter().any(|s| age(s) >= Some(UNREAD_FOR)) {
+            for s in self
+                .sockets
+                .iter_mut()
+                .filter(|s| age(s) >= Some(STOPPED_FOR))
+            {
+                s.reported_since = Some(now);
+            }
+        }
+        self.runnable_at = self.first_unread.map(|_| now);
     }
 
     fn probe_event(&self) -> Option<Instant> {
@@ -718,11 +790,11 @@ impl World {
                 }
             }
             self.take_due = self.target == Holder::LocalDns && self.silent_in_row >= ROUNDS_TO_ACT;
-            self.hand_back_due = self.target == Holder::Fallback
-                && answered
-                && self.addresses
-                && self.view_complete
-                && self.answered_since_take >= self.proof();
+            let ready =
+                self.target == Holder::Fallback && answered && self.addresses && self.view_complete;
+            self.hand_back_due = ready && self.answered_since_take >= self.proof();
+            // Counted without the recurrences: however often the fault came back.
+            self.cap_due = ready && self.answered_since_take >= rounds(MAX_PROOF);
             self.flows.asked(self.now, answered);
         }
     }
@@ -769,6 +841,23 @@ impl World {
                 return;
             }
         }
+        if let Some(again) = self.recurring {
+            // The same process fails again soon after each hand-back, and nothing else happens.
+            let (lo, hi) = match self.phase {
+                Phase::Serving if self.target == Holder::LocalDns => {
+                    self.stopped = self.rng.random_bool(0.5);
+                    self.fault(again);
+                    (200, 2000)
+                }
+                Phase::Serving => (500, 5000),
+                _ => {
+                    self.set_phase(Phase::Serving);
+                    (500, 5000)
+                }
+            };
+            self.next_change = self.now + d(&mut self.rng, lo, hi);
+            return;
+        }
         match self.phase {
             _ if self.addresses_back_at.is_some() => {
                 self.next_change = self.addresses_back_at.unwrap_or(self.now);
@@ -805,9 +894,15 @@ impl World {
                 return;
             }
             Phase::Serving if r < 0.51 => {
-                // Starved for less than the proof a silent LocalDNS owes (see `SAME_PROOF`).
+                // Starved for less than the proof a silent LocalDNS owes (see `SAME_PROOF`); or
+                // briefly, and then it hangs with what the starvation left queued.
                 self.fault(Phase::Starved);
-                self.next_change = self.now + d(&mut self.rng, 2000, 9000);
+                self.starved_then_hung = self.rng.random_bool(0.4);
+                self.next_change = self.now
+                    + match self.starved_then_hung {
+                        true => d(&mut self.rng, 40, 600),
+                        false => d(&mut self.rng, 2000, 9000),
+                    };
                 return;
             }
             Phase::Serving if r < 0.57 => {
@@ -858,6 +953,14 @@ impl World {
                 self.tcp_at = Some(reads_at + d(&mut self.rng, 0, 400));
                 self.set_phase(Phase::Starting { reads_at });
             }
+            Phase::Starved if std::mem::take(&mut self.starved_then_hung) => {
+                self.stopped = self.rng.random_bool(0.3);
+                self.fault(Phase::Hung);
+                // Starved, it answered some rounds: the probe's bound runs from the hang. And its
+                // last read may have come between two looks: they see one stall across it.
+                self.not_serving_since = Some(self.now);
+                self.stall_starved = true;
+            }
             Phase::Starting { .. } if r < 0.3 => {
                 // A crash storm: it dies again while starting.
                 self.close_sockets(0);
@@ -877,6 +980,11 @@ impl World {
         };
         self.next_change = self.now + d(&mut self.rng, lo, hi);
     }
+}
+
+/// Probe rounds in `d`.
+fn rounds(d: Duration) -> u32 {
+    d.as_millis().div_ceil(PROBE_EVERY.as_millis()) as u32
 }
 
 /// What a healthy socket's queue reads: often empty, now and then a few datagrams, never
@@ -902,11 +1010,17 @@ fn healthy_noise(rng: &mut StdRng, now: Instant, s: &mut Sock) -> u32 {
 thread_local!(static TRACE: bool = std::env::var_os("FLOWS_TRACE").is_some());
 
 const LIFETIME: Duration = Duration::from_secs(40);
+/// A recurring fault's lifecycle: long enough for the proof to reach its cap.
+const RECURRING_LIFETIME: Duration = Duration::from_secs(120);
 
 fn lifecycle(seed: u64) -> Result<u32, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let start = Instant::now();
-    let serving_at_start = rng.random_bool(0.7);
+    let recurring = rng.random_bool(0.1).then(|| match rng.random_bool(0.6) {
+        true => Phase::Mute,
+        false => Phase::Hung,
+    });
+    let serving_at_start = recurring.is_some() || rng.random_bool(0.7);
     let mut w = World {
         now: start,
         flows: Flows::new(start, (!serving_at_start).then_some(Cause::SilentProbe)),
@@ -938,6 +1052,11 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
         last_hand_back: None,
         recurrences: 0,
         owners_said: None,
+        runnable_at: None,
+        stall_starved: false,
+        starved_then_hung: false,
+        recurring,
+        cap_due: false,
         not_serving_since: None,
         no_socket_since: None,
         first_unread: None,
@@ -972,7 +1091,7 @@ fn lifecycle(seed: u64) -> Result<u32, String> {
     }
     w.report_addresses();
     w.observe();
-    let end = start + LIFETIME;
+    let end = start + recurring.map_or(LIFETIME, |_| RECURRING_LIFETIME);
     while w.now < end {
         w.carry_out()?;
         w.check()?;
@@ -1229,3 +1348,5 @@ fn a_silent_round_judged_late_is_asked_again_once_and_the_take_stays_bounded() {
     // that keeps stopping is still taken, at twice the rounds.
     assert_eq!(rounds_to_take(&[late]), 2 * ROUNDS_TO_ACT as usize);
 }
+
+mod bounds;
