@@ -163,21 +163,30 @@ fn one_backend_lost_one_packet(tag: &str) -> Rig {
 #[test]
 fn a_few_lost_packets_do_not_demote_a_backend_for_long() {
     let t = one_backend_lost_one_packet("lossy");
+    let lost = Instant::now();
     // Its lost try times out after a second (forgiven: one loss among answers), and it takes
-    // its share again.
-    std::thread::sleep(Duration::from_millis(1500));
+    // its share again: asked in rounds of 20 until it has a quarter of one, within seconds
+    // (a loaded machine delays what the forwarder and the backends do, not the claim).
     let bad = t.responders[1].as_ref().unwrap();
-    bad.reset_counts();
-    let before_good = t.responder(0).queries();
-    for i in 0..60 {
-        let _ = t.ask(&format!("after{i}.svc.cluster.local"));
-        std::thread::sleep(Duration::from_millis(10));
+    let (mut round, mut back) = (0, None);
+    while back.is_none() && lost.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(500));
+        bad.reset_counts();
+        let before_good = t.responder(0).queries();
+        for i in 0..20 {
+            let _ = t.ask(&format!("after{round}-{i}.svc.cluster.local"));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (to_bad, to_good) = (bad.queries(), t.responder(0).queries() - before_good);
+        eprintln!("round {round}: {to_bad} to the lossy backend, {to_good} to the other");
+        back = (to_bad >= 5).then(|| lost.elapsed());
+        round += 1;
     }
-    let (to_bad, to_good) = (bad.queries(), t.responder(0).queries() - before_good);
-    eprintln!("after the losses: {to_bad} to the lossy backend, {to_good} to the other");
-    assert!(
-        to_bad >= 15,
-        "back in rotation: {to_bad} of 60 (other: {to_good})"
+    let back = back.expect("the lossy backend not back in rotation within 10 s");
+    figure(
+        "lossy-backend-back-in-rotation",
+        back,
+        Duration::from_millis(1500),
     );
 }
 
