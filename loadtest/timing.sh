@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-5}
 [[ $reps =~ ^[1-9][0-9]*$ ]] || { echo "timing.sh: REPS is a count, not $reps" >&2; exit 2; }
-filter='group(real-time) | (binary(standby) & test(hung)) | (binary(systemd) & test(s9_))'
+filter='group(real-time) | binary(flapping) | (binary(standby) & test(hung)) | (binary(systemd) & test(s9_))'
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for ((i = 1; i <= reps; i++)); do

@@ -58,15 +58,18 @@ setsid bash -c 'for s in bookworm trixie; do
     tests/systemd/build-rootfs.sh "$s" "/var/cache/localdns-fallback-tests/rootfs-$s"; done' \
     >target/run-rootfs.log 2>&1 &
 rootfs=$!
-# Two builds the tests need only at the end, at the lowest CPU priority beside the compiles and
-# the tests that may share the machine: the arm64 release binary that tests/arm64.rs runs under
-# qemu, then the instrumented fuzz targets.
+# Beside the compiles and the tests that may share the machine, at the lowest CPU priority: the
+# arm64 release binary that tests/arm64.rs runs under qemu, then the instrumented fuzz targets
+# and a short run of each (6 s, two at a time) from the seed corpus in fuzz/corpus/, into a
+# scratch corpus so the repository's stays as committed. A crash fails the run and prints how to
+# reproduce it. Long runs: fuzz/run-long.sh.
 side_log=target/run-side-builds.log
-setsid nice -n 19 bash -c 'units/release.sh --arch arm64 && fuzz/run-long.sh --build-only' \
-    >"$side_log" 2>&1 &
+fuzz_scratch=$(mktemp -d)
+setsid nice -n 19 bash -c 'units/release.sh --arch arm64 && fuzz/run-long.sh --build-only &&
+    fuzz/run-long.sh --seconds 6 --jobs 2 --work "$1"' side "$fuzz_scratch" >"$side_log" 2>&1 &
 side=$!
 # In process groups of their own, so that an early exit stops them whole.
-trap 'kill -- -$side -$rootfs 2>/dev/null || true' EXIT
+trap 'kill -- -$side -$rootfs 2>/dev/null || true; rm -rf "$fuzz_scratch"' EXIT
 
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
@@ -82,22 +85,13 @@ cargo nextest run --locked --no-fail-fast --test-threads 4 \
 step "tests run"
 wait $rootfs || true
 if ! wait $side; then
-    echo "the arm64 or fuzz build failed:" >&2
+    echo "the arm64 build, the fuzz build or a fuzz run failed:" >&2
     tail -n 40 "$side_log" >&2
     exit 1
 fi
-step "side builds done"
+step "side builds and fuzzing done"
 cargo nextest run --locked --no-fail-fast --test-threads 1 \
     -E 'binary(arm64) or group(real-time)' "$@" || status=$?
 step "real-time tests run"
 ((status == 0)) || exit "$status"
 
-# ---- fuzzing (fuzz/) ------------------------------------------------------------------------
-# A short run of every fuzz target (6 s each, two at a time) from the seed corpus in
-# fuzz/corpus/, into a scratch corpus so the repository's stays as committed. A crash fails the
-# run and prints how to reproduce it. Long runs: fuzz/run-long.sh.
-fuzz_scratch=$(mktemp -d)
-fuzz/run-long.sh --seconds 6 --jobs 2 --work "$fuzz_scratch"
-rm -rf "$fuzz_scratch"
-step "fuzzed"
-# ---- end of fuzzing ---------------------------------------------------------------------------
