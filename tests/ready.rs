@@ -13,16 +13,6 @@ use common::*;
 const METRICS: &str = "127.0.0.1:9356";
 const READY: &str = "localdns_fallback_upstreams_ready";
 
-/// `localdns-fallback status --ready` in the node namespace: its exit code and line.
-fn status_ready(node: &Netns) -> (i32, String) {
-    let out = node
-        .exec(forwarder_binary(), ["status", "--ready"])
-        .output()
-        .expect("run status --ready");
-    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    (out.status.code().unwrap_or(-1), line)
-}
-
 /// Waits up to `bound` for `status --ready` to exit `code`: how long that took, and its line.
 /// Panics, with the standby's logs, when it does not.
 fn until_status(node: &Netns, f: &Forwarder, code: i32, bound: Duration) -> (Duration, String) {
@@ -31,7 +21,7 @@ fn until_status(node: &Netns, f: &Forwarder, code: i32, bound: Duration) -> (Dur
     let got = poll_until(bound, || {
         // A process a look: twice a second is enough beside bounds of seconds.
         std::thread::sleep(Duration::from_millis(500));
-        last = status_ready(node);
+        last = status(node, &["--ready"]);
         (last.0 == code).then(|| last.1.clone())
     });
     let line = got.unwrap_or_else(|| {
@@ -204,7 +194,7 @@ fn the_standby_says_whether_it_could_serve_and_why_not() {
 fn status_ready_cannot_tell_without_a_standby() {
     require_root_and_tools(&["ip"]);
     let node = Netns::new("nostandby");
-    let (code, line) = status_ready(&node);
+    let (code, line) = status(&node, &["--ready"]);
     assert_eq!(code, 2, "{line}");
     assert!(
         line.starts_with("cannot tell whether the standby could serve: no standby runs"),

@@ -42,7 +42,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{TempDir, kill_and_reap, require_root_and_tools};
+use common::{TempDir, kill_and_reap, poll_until, require_root_and_tools};
 
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 const BINARY: &str = env!("CARGO_BIN_EXE_localdns-fallback");

@@ -18,18 +18,6 @@ fn node() -> (Topology, Upstream, Responder) {
     node_and_upstream()
 }
 
-/// `localdns-fallback status` in `ns`, on the default listeners: its exit status and first line.
-fn status(ns: &Netns) -> (i32, String) {
-    let out = ns.exec(forwarder_binary(), ["status"]).output().unwrap();
-    let line = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    eprintln!("status: exit {:?}: {line}", out.status.code());
-    (out.status.code().unwrap_or(-1), line)
-}
-
 /// The sample of `name` with no labels; panics if absent.
 fn sample(m: &Metrics, name: &str) -> f64 {
     m.get(name, &[])
@@ -64,7 +52,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
         sample(&text, "localdns_fallback_last_takeover_timestamp_seconds"),
         0.0
     );
-    let (code, line) = status(&topo.node);
+    let (code, line) = status(&topo.node, &[]);
     assert_eq!(code, 0, "{line}");
     assert_eq!(
         line,
@@ -92,7 +80,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     let since = sample(&text, "localdns_fallback_last_takeover_timestamp_seconds");
     let started = sample(&text, "process_start_time_seconds");
     assert!(since > started, "{text}");
-    let (code, line) = status(&topo.node);
+    let (code, line) = status(&topo.node, &[]);
     assert_eq!(code, 1, "{line}");
     let fallback = format!(
         "LocalDNS is on its fallback: localdns-fallback --standby (pid {}) holds the flows of {LISTENERS} since ",
@@ -118,7 +106,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     assert_eq!(holding(&text), [0.0, 0.0], "{text}");
     assert_eq!(count(&text, "handbacks_total", "unread_queries"), 1.0);
     assert!(sample(&text, "localdns_fallback_last_handback_timestamp_seconds") >= since);
-    assert_eq!(status(&topo.node).0, 0);
+    assert_eq!(status(&topo.node, &[]).0, 0);
 
     // LocalDNS stops and its script deletes its link: the standby takes the flows as the
     // addresses go.
@@ -138,7 +126,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
     assert_eq!(count(&text, "takeovers_total", "unread_queries"), 1.0);
     assert_eq!(count(&text, "takeovers_total", "localdns_failed"), 0.0);
     assert_eq!(count(&text, "takeovers_total", "by_hand"), 0.0);
-    let (code, line) = status(&topo.node);
+    let (code, line) = status(&topo.node, &[]);
     assert_eq!(code, 1, "{line}");
     assert!(
         line.starts_with(&fallback) && line.ends_with("because LocalDNS's addresses went away"),
@@ -150,7 +138,7 @@ fn the_standby_counts_each_takeover_by_cause_and_status_follows_it() {
 fn status_tells_localdns_a_fallback_and_silence_apart() {
     let (topo, up, _r) = node();
     let localdns = LocalDns::start(&topo.node);
-    let (code, line) = status(&topo.node);
+    let (code, line) = status(&topo.node, &[]);
     assert_eq!(
         (code, line.as_str()),
         (0, format!("LocalDNS answers on {LISTENERS}").as_str())
@@ -158,7 +146,7 @@ fn status_tells_localdns_a_fallback_and_silence_apart() {
 
     // LocalDNS is gone, its link left behind (a crash): nothing answers, and nothing covers.
     drop(localdns);
-    let (code, line) = status(&topo.node);
+    let (code, line) = status(&topo.node, &[]);
     assert_eq!(code, 1, "{line}");
     assert_eq!(
         line,
@@ -181,7 +169,7 @@ fn status_tells_localdns_a_fallback_and_silence_apart() {
     assert_eq!(holding(&text), [1.0, 1.0], "{text}");
     assert_eq!(count(&text, "takeovers_total", "localdns_failed"), 1.0);
     assert_eq!(sample(&text, "localdns_fallback_standby"), 0.0);
-    let (code, line) = status(&topo.node);
+    let (code, line) = status(&topo.node, &[]);
     assert_eq!(code, 1, "{line}");
     assert!(
         line.starts_with(&format!(
@@ -195,7 +183,7 @@ fn status_tells_localdns_a_fallback_and_silence_apart() {
     f.signal(Signal::SIGTERM);
     let exited = f.wait_exit(Duration::from_secs(5)).expect("exits");
     assert!(exited.success(), "{exited}:\n{}", f.logs());
-    let (code, line) = status(&topo.node);
+    let (code, line) = status(&topo.node, &[]);
     assert_eq!(
         (code, line.as_str()),
         (

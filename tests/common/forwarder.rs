@@ -19,6 +19,18 @@ pub fn forwarder_binary() -> &'static str {
     env!("CARGO_BIN_EXE_localdns-fallback")
 }
 
+/// `localdns-fallback status ARGS` in `ns` (on the default listeners): its exit status and the
+/// first line it printed.
+pub fn status(ns: &Netns, args: &[&str]) -> (i32, String) {
+    let out = (ns.exec(forwarder_binary(), ["status"]).args(args))
+        .output()
+        .expect("run status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next().unwrap_or_default().to_string();
+    eprintln!("status {args:?}: exit {:?}: {line}", out.status.code());
+    (out.status.code().unwrap_or(-1), line)
+}
+
 /// Flags for a forwarder whose every upstream is `up` (both groups), then `extra`.
 pub fn upstream_args(up: &Upstream, extra: &[&str]) -> Vec<String> {
     let up = up.sock_v4().to_string();

@@ -236,16 +236,13 @@ impl Prober {
     pub(crate) fn watch(&self, rounds: usize) {
         let lines = || fs::read_to_string(&self.file).map_or(0, |t| t.lines().count());
         let want = lines() + rounds * PROBE_TARGETS.len();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while lines() < want {
-            assert!(
-                Instant::now() < deadline,
-                "the prober wrote {} of {want} samples in 20 s ({})",
-                lines(),
-                self.file.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let wrote = poll_until(Duration::from_secs(20), || (lines() >= want).then_some(()));
+        let file = self.file.display();
+        assert!(
+            wrote.is_some(),
+            "the prober wrote {} of {want} samples in 20 s ({file})",
+            lines()
+        );
     }
 
     /// Stops the prober and returns its samples, ordered by when they were sent.
